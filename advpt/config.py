@@ -1,0 +1,247 @@
+"""Run configuration: one dataclass per part, filled from a run file and command-line flags.
+
+Every field is a flag of the same name (``--max_length 256``), and a JSON or YAML run file given
+with ``--config`` may set them too, flat or grouped by section (``masking: {random_rate: 0.1}``);
+flags win over the file. DeepSpeed's own settings (batch sizes, precision, optimizer, ZeRO) stay
+in the DeepSpeed JSONs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from advpt.data.bundled import BUNDLED_PROTEOME
+
+
+class ConfigError(ValueError):
+    """A run file or flag value advpt cannot use."""
+
+
+@dataclass
+class DataConfig:
+    """Where sequences come from and how they are cut into micro-batches."""
+
+    data: str = BUNDLED_PROTEOME  # FASTA(.gz), TAPE LMDB or TAPE JSON; default: bundled proteome
+    max_length: int = 512  # tokens incl. <cls>/<sep>; longer sequences are randomly cropped
+    val_fraction: float = 0.05  # held-out share of the records for validation
+    unknown_to_unk: bool = False  # map characters outside the alphabet to <unk> instead of failing
+    bucket_batches: int = 50  # micro-batches per length bucket (more: less padding, less mixing)
+    num_workers: int = 1  # DataLoader worker processes
+
+
+@dataclass
+class ModelConfig:
+    """Model sizes by preset (see advpt.models)."""
+
+    encoder: str = "tape-base"  # tape-base | small | tiny
+    noiser: str = "paper"  # paper | small | tiny
+    noiser_bidirectional: bool = True
+
+
+@dataclass
+class MaskingConfig:
+    """The paper's mixed masking: 10% random + 10% adversarial, 20% of the residues in all.
+
+    The adversarial budget is ``round(adversarial_rate x residues)`` per sequence, chosen among
+    the residues random masking left, so the totals match the paper's 20% and the random
+    baseline's ``random_rate + adversarial_rate``.
+    """
+
+    random_rate: float = 0.1
+    adversarial_rate: float = 0.1
+    subset_temperature: float = 1.0  # relaxed subset sampler (Algorithm 1)
+    option_temperature: float = 1.0  # Gumbel-softmax over [MASK] / keep / replace
+    # Straight-through on the position selection too; False is Algorithm 3's literal hard mask.
+    straight_through_positions: bool = True
+
+
+@dataclass
+class ScheduleConfig:
+    """Alternating schedule (Algorithm 5), learning-rate and batch-size schedules.
+
+    Steps are optimizer steps, never micro-steps, so an accumulation window is never split.
+    """
+
+    max_steps: int = 100_000  # encoder optimizer steps (noiser steps come on top)
+    noiser_steps: int = 10  # noiser optimizer steps per cycle (maximise the MLM loss)
+    encoder_steps: int = 10  # encoder optimizer steps per cycle (minimise it)
+    warmup_steps: int = 10_000  # linear warmup, then linear decay to 0 at the last step
+    batch_growth_at: float = 0.8  # fraction of training after which the global batch grows
+    batch_growth_factor: int = 2  # paper: 128 -> 256 through gradient accumulation
+
+
+@dataclass
+class RunConfig:
+    """Where the run lives and how often it reports and saves."""
+
+    run_dir: str = "runs/advpt"
+    mode: str = "adversarial"  # adversarial | random (the paper's random-MLM baseline)
+    seed: int = 0
+    log_every: int = 10  # optimizer steps between logged metrics
+    eval_every: int = 1000  # encoder steps between validation passes
+    eval_batches: int = 50  # validation micro-batches per pass (0 = the whole split)
+    checkpoint_every: int = 1000  # encoder steps between checkpoints
+    keep_checkpoints: int = 3  # most recent checkpoints kept on disk
+    resume: bool = False  # continue from <run_dir>/checkpoints/latest
+    stop_after_steps: int = 0  # stop (with a checkpoint) after this many encoder steps; 0 = off
+
+
+@dataclass
+class TrainConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    deepspeed_config: str = "ds_configs/encoder_cpu.json"
+    noiser_deepspeed_config: str = "ds_configs/noiser_cpu.json"
+
+    def validate(self) -> None:
+        """Raise ``ConfigError`` for values that cannot make a run."""
+        checks = [
+            (self.run.mode in ("adversarial", "random"), "mode must be 'adversarial' or 'random'"),
+            (0.0 <= self.masking.random_rate <= 1.0, "random_rate must be in [0, 1]"),
+            (self.masking.adversarial_rate >= 0.0, "adversarial_rate must be >= 0"),
+            (
+                self.masking.random_rate + self.masking.adversarial_rate <= 1.0,
+                "random_rate + adversarial_rate must be at most 1",
+            ),
+            (self.masking.subset_temperature > 0, "subset_temperature must be > 0"),
+            (self.masking.option_temperature > 0, "option_temperature must be > 0"),
+            (self.data.max_length >= 3, "max_length must be at least 3 tokens"),
+            (0.0 <= self.data.val_fraction < 1.0, "val_fraction must be in [0, 1)"),
+            (self.schedule.max_steps > 0, "max_steps must be positive"),
+            (self.schedule.noiser_steps > 0, "noiser_steps must be positive"),
+            (self.schedule.encoder_steps > 0, "encoder_steps must be positive"),
+            (self.schedule.batch_growth_factor >= 1, "batch_growth_factor must be >= 1"),
+            (self.run.log_every > 0, "log_every must be positive"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+    @property
+    def adversarial(self) -> bool:
+        return self.run.mode == "adversarial"
+
+    def masking_rates(self) -> tuple[float, float]:
+        """(random, adversarial) rates; the random baseline masks the same total at random."""
+        m = self.masking
+        if self.adversarial:
+            return m.random_rate, m.adversarial_rate
+        return m.random_rate + m.adversarial_rate, 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_SECTIONS = ("data", "model", "masking", "schedule", "run")
+_TOP_LEVEL = ("deepspeed_config", "noiser_deepspeed_config")
+
+
+def _field_owners() -> dict[str, str]:
+    """Flag name -> section name ('' for top-level fields); names are unique across sections."""
+    owners = {name: "" for name in _TOP_LEVEL}
+    defaults = TrainConfig()
+    for section in _SECTIONS:
+        for f in dataclasses.fields(getattr(defaults, section)):
+            owners[f.name] = section
+    return owners
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Adversarial (or random) MLM pre-training of a protein encoder.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--config", help="JSON or YAML run file (flags override it)")
+    parser.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
+    defaults = TrainConfig()
+    for name, section in _field_owners().items():
+        owner = getattr(defaults, section) if section else defaults
+        value = getattr(owner, name)
+        kind = _parse_bool if isinstance(value, bool) else type(value)
+        if isinstance(value, bool):
+            parser.add_argument(
+                f"--{name}",
+                type=kind,
+                nargs="?",
+                const=True,
+                default=None,
+                help=f"default: {value}",
+            )
+        else:
+            parser.add_argument(f"--{name}", type=kind, default=None, help=f"default: {value}")
+    return parser
+
+
+def _read_run_file(path: str) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"run file {path} does not exist")
+    try:
+        text = file.read_text()
+        content = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"run file {path} is not valid JSON/YAML: {exc}") from None
+    if content is None:
+        return {}
+    if not isinstance(content, dict):
+        raise ConfigError(f"run file {path} must hold a mapping of settings")
+    flat: dict[str, Any] = {}
+    for key, value in content.items():
+        if key in _SECTIONS and isinstance(value, dict):
+            flat.update(value)
+        else:
+            flat[key] = value
+    return flat
+
+
+def _apply(config: TrainConfig, values: dict[str, Any], source: str) -> None:
+    owners = _field_owners()
+    for name, value in values.items():
+        if name not in owners:
+            close = [o for o in owners if o.startswith(name[:4])]
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{source}: unknown setting {name!r}{hint}")
+        owner = getattr(config, owners[name]) if owners[name] else config
+        expected = type(getattr(owner, name))
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, expected):
+            raise ConfigError(
+                f"{source}: setting {name!r} must be {expected.__name__}, got {value!r}"
+            )
+        setattr(owner, name, value)
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """Defaults, then the run file, then the flags; validated."""
+    args = build_parser().parse_args(argv)
+    config = TrainConfig()
+    if args.config:
+        _apply(config, _read_run_file(args.config), f"run file {args.config}")
+    flags = {
+        name: value
+        for name, value in vars(args).items()
+        if value is not None and name not in ("config", "local_rank")
+    }
+    _apply(config, flags, "command line")
+    config.validate()
+    return config

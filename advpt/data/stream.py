@@ -1,0 +1,79 @@
+"""The training stream: micro-batch number -> collated :class:`Batch`, resumable by number.
+
+Micro-batch ``g`` of a rank is batch ``g % per_epoch`` of epoch ``g // per_epoch`` of that
+rank's length-bucketed shard; crops and random masks are seeded from ``g`` too. So the whole
+stream is a pure function of the micro-batch counter, which is all a checkpoint has to store,
+and DataLoader workers can prefetch ahead without changing what the trainer sees.
+"""
+
+from __future__ import annotations
+
+import itertools
+from functools import lru_cache
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from advpt.data.batching import LengthBucketedBatches
+from advpt.data.collate import Batch, MaskingCollator
+from advpt.data.dataset import CroppedView
+
+
+class MicroBatches(Dataset):
+    """Map-style view: index ``g`` is the ``g``-th micro-batch of this rank's stream."""
+
+    def __init__(self, view: CroppedView, batches: LengthBucketedBatches, collate: MaskingCollator):
+        self.view = view
+        self.batches = batches
+        self.collate = collate
+        self.per_epoch = batches.batches_per_epoch()
+
+    @lru_cache(maxsize=2)  # noqa: B019 - a few epochs' batch lists, per worker process
+    def _epoch(self, epoch: int) -> list[list[int]]:
+        return self.batches.epoch_batches(epoch)
+
+    def __len__(self) -> int:
+        raise TypeError("the training stream is endless")
+
+    def __getitem__(self, number: int) -> Batch:
+        epoch, position = divmod(number, self.per_epoch)
+        indices = self._epoch(epoch)[position]
+        examples = [self.view.get(j, epoch) for j in indices]
+        return self.collate(examples, number)
+
+    def epoch_of(self, number: int) -> int:
+        return number // self.per_epoch
+
+
+def _identity(batch: Batch) -> Batch:
+    return batch
+
+
+def stream_loader(micro_batches: MicroBatches, start: int, num_workers: int) -> DataLoader:
+    """Endless loader from micro-batch ``start`` on; ``num_workers`` processes prefetch."""
+    return DataLoader(
+        micro_batches,
+        batch_size=None,
+        sampler=itertools.count(start),
+        collate_fn=_identity,
+        num_workers=num_workers,
+        persistent_workers=False,
+        # A private generator: the loader must not draw from the global RNG, which a resumed
+        # run restores from its checkpoint (dropout and Gumbel noise use it).
+        generator=torch.Generator(),
+    )
+
+
+def validation_batches(
+    view: CroppedView, batch_size: int, collate: MaskingCollator, limit: int, rank: int, world: int
+) -> list[Batch]:
+    """This rank's fixed validation micro-batches: sorted by length, same masks every pass."""
+    batches = LengthBucketedBatches(
+        view.token_lengths, batch_size, rank=rank, world_size=world, shuffle=False, drop_last=False
+    )
+    chosen = batches.epoch_batches(0)
+    if limit > 0:
+        chosen = chosen[:limit]
+    return [
+        collate([view.get(j, 0) for j in indices], number) for number, indices in enumerate(chosen)
+    ]

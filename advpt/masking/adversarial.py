@@ -1,0 +1,93 @@
+"""From noiser scores to a corrupted input: Algorithms 2 and 3 of the paper.
+
+The noiser gives every token ``1 + 2 + A`` scores: any-mask, then the mask options
+``[MASK]``, keep and replace-by-each-of-the-A residues. Positions come from the relaxed subset
+sampler, options from a Gumbel-softmax, and both become hard one-hot choices in the forward pass
+while their gradients are those of the soft probabilities (straight-through).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from advpt.masking.subset import gumbel_like, hard_top_k, relaxed_subset_sample
+from advpt.tokenizer import FIRST_RESIDUE_ID, MASK_ID, NUM_RESIDUES, VOCAB_SIZE
+
+NUM_OPTIONS = 2 + NUM_RESIDUES  # [MASK], keep, replace by each residue
+NUM_SCORES = 1 + NUM_OPTIONS  # any-mask score first
+OPTION_MASK, OPTION_KEEP = 0, 1
+
+
+@dataclass
+class AdversarialSample:
+    """One draw of the adversarial masker for a batch.
+
+    Attributes:
+        one_hot: ``[B, L, V]`` corrupted input x~: exactly one-hot in value, with
+            straight-through gradients to the noiser's scores.
+        ids: ``[B, L]`` int64, the argmax of ``one_hot`` (for a noiser under no_grad).
+        positions: ``[B, L]`` bool, the ``k`` adversarially chosen positions per row.
+        weight: ``[B, L]`` loss weight: 1 in value; carries the position's straight-through
+            gradient so the noiser also learns where the loss is counted.
+        option: ``[B, L]`` int64 chosen option (0 ``[MASK]``, 1 keep, 2 + r replace by residue r).
+    """
+
+    one_hot: torch.Tensor
+    ids: torch.Tensor
+    positions: torch.Tensor
+    weight: torch.Tensor
+    option: torch.Tensor
+
+
+def straight_through(hard: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
+    """``hard`` in the forward pass, the gradient of ``soft`` in the backward pass.
+
+    ``soft - soft.detach()`` is exactly zero, so the forward value is exactly ``hard`` (the
+    textbook ``hard + soft - soft.detach()`` rounds to values like 0.99999994).
+    """
+    return hard + (soft - soft.detach())
+
+
+def adversarial_corrupt(
+    scores: torch.Tensor,
+    inputs: torch.Tensor,
+    eligible: torch.Tensor,
+    k: torch.Tensor,
+    max_k: int,
+    subset_temperature: float = 1.0,
+    option_temperature: float = 1.0,
+    straight_through_positions: bool = True,
+) -> AdversarialSample:
+    """Corrupt ``inputs`` at ``k`` noiser-chosen positions per row.
+
+    Args:
+        scores: ``[B, L, 1 + 2 + A]`` noiser scores.
+        inputs: ``[B, L]`` ids after random masking (adversarial positions never overlap it).
+        eligible: ``[B, L]`` bool residue positions random masking left untouched.
+        k: ``[B]`` adversarial budget per row; ``max_k`` its maximum, known on the host.
+        straight_through_positions: apply straight-through to the position selection too.
+            The paper's Algorithm 3 multiplies by a *hard* position mask, so the any-mask
+            score gets no gradient at all; ``False`` keeps that literal form.
+    """
+    scores = scores.float()
+    p_any = relaxed_subset_sample(scores[..., 0], eligible, k, subset_temperature, max_k=max_k)
+    positions = hard_top_k(p_any, eligible, k)
+
+    option_logits = scores[..., 1:] + gumbel_like(scores[..., 1:])
+    p_option = torch.softmax(option_logits / option_temperature, dim=-1)  # [B, L, 2 + A]
+    option = p_option.argmax(dim=-1)
+    m = straight_through(F.one_hot(option, NUM_OPTIONS).float(), p_option)
+
+    x = F.one_hot(inputs, VOCAB_SIZE).float()  # [B, L, V]
+    mask_token = F.one_hot(torch.tensor(MASK_ID, device=inputs.device), VOCAB_SIZE).float()
+    replace = F.pad(m[..., 2:], (FIRST_RESIDUE_ID, VOCAB_SIZE - FIRST_RESIDUE_ID - NUM_RESIDUES))
+    x_masked = m[..., OPTION_MASK, None] * mask_token + m[..., OPTION_KEEP, None] * x + replace
+
+    hard_any = positions.float()
+    any_mask = straight_through(hard_any, p_any) if straight_through_positions else hard_any
+    one_hot = (1.0 - any_mask).unsqueeze(-1) * x + any_mask.unsqueeze(-1) * x_masked
+    ids = one_hot.argmax(dim=-1)  # equals `inputs` outside `positions`
+    return AdversarialSample(one_hot, ids, positions, any_mask, option)

@@ -1,0 +1,38 @@
+"""BERT-style random masking: the paper's baseline and its 10% stabilising share."""
+
+from __future__ import annotations
+
+import torch
+
+from advpt.tokenizer import FIRST_RESIDUE_ID, MASK_ID, VOCAB_SIZE
+
+
+def random_mask(
+    ids: torch.Tensor,
+    maskable: torch.Tensor,
+    rate: float,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask each maskable token with probability ``rate``, corrupting it 80/10/10.
+
+    Args:
+        ids: ``[B, L]`` int64 token ids.
+        maskable: ``[B, L]`` bool, true for residue tokens (never specials or padding).
+        rate: per-token masking probability.
+        generator: RNG for the draws, so the data pipeline can seed each batch statelessly.
+
+    Returns:
+        ``(inputs, masked)``: ``[B, L]`` corrupted ids and ``[B, L]`` bool masked positions.
+        Of the masked tokens 80% become ``<mask>``, 10% a uniformly drawn residue (never a
+        special token, unlike TAPE's sampler) and 10% stay unchanged but are still scored.
+    """
+    draw = torch.rand(ids.shape, generator=generator, device=ids.device)
+    masked = maskable & (draw < rate)
+    # Re-use the same uniform draw, rescaled inside the masked band, to pick the corruption.
+    option = draw / max(rate, 1e-12)
+    replacement = torch.randint(
+        FIRST_RESIDUE_ID, VOCAB_SIZE, ids.shape, generator=generator, device=ids.device
+    )
+    inputs = torch.where(masked & (option < 0.8), torch.full_like(ids, MASK_ID), ids)
+    inputs = torch.where(masked & (option >= 0.8) & (option < 0.9), replacement, inputs)
+    return inputs, masked

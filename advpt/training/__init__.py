@@ -1,0 +1,1 @@
+"""Engines, schedules, the training loop, checkpoints and monitoring."""

@@ -1,0 +1,103 @@
+"""Checkpoints of both engines plus the trainer's own state, and resuming from them.
+
+Layout under ``<run_dir>/checkpoints/``::
+
+    encoder/<tag>/...   DeepSpeed checkpoint of the encoder engine (client_state: trainer state)
+    noiser/<tag>/...    DeepSpeed checkpoint of the noiser engine
+    rng/<tag>/rank<r>.pt  each rank's torch RNG states (dropout, Gumbel noise)
+    latest              the tag of the newest *complete* checkpoint
+
+``latest`` is replaced atomically only after every rank has finished writing, so a save that was
+interrupted is never taken for a complete one. DeepSpeed's own per-engine ``latest`` files are
+not written.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import deepspeed
+import torch
+import torch.distributed as dist
+
+_TAG = re.compile(r"^step(\d+)$")
+
+
+def checkpoint_tag(encoder_step: int) -> str:
+    return f"step{encoder_step:08d}"
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def save_checkpoint(
+    root: Path,
+    tag: str,
+    engines: dict[str, deepspeed.DeepSpeedEngine],
+    trainer_state: dict[str, Any],
+    keep: int,
+) -> None:
+    """Save every engine under ``root/<name>/<tag>``, then mark ``tag`` complete (all ranks)."""
+    for name, engine in engines.items():
+        engine.save_checkpoint(
+            str(root / name), tag=tag, client_state={"trainer": trainer_state}, save_latest=False
+        )
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    rng_dir = root / "rng" / tag
+    rng_dir.mkdir(parents=True, exist_ok=True)
+    tmp = rng_dir / f"rank{rank}.pt.tmp"
+    torch.save(_rng_state(), tmp)
+    tmp.replace(rng_dir / f"rank{rank}.pt")
+    _barrier()
+    if rank == 0:
+        marker = root / "latest.tmp"
+        marker.write_text(tag + "\n")
+        os.replace(marker, root / "latest")
+        _prune(root, keep)
+    _barrier()
+
+
+def _prune(root: Path, keep: int) -> None:
+    """Delete all but the ``keep`` newest complete checkpoints."""
+    tags = sorted(p.name for p in (root / "rng").iterdir() if _TAG.match(p.name))
+    for old in tags[: max(0, len(tags) - keep)]:
+        for part in root.iterdir():
+            if part.is_dir():
+                shutil.rmtree(part / old, ignore_errors=True)
+
+
+def latest_tag(root: Path) -> str | None:
+    marker = root / "latest"
+    return marker.read_text().strip() if marker.is_file() else None
+
+
+def load_checkpoint(
+    root: Path, tag: str, engines: dict[str, deepspeed.DeepSpeedEngine]
+) -> dict[str, Any]:
+    """Restore every engine and this rank's RNG from ``tag``; returns the trainer state."""
+    trainer_state: dict[str, Any] | None = None
+    for name, engine in engines.items():
+        path, client_state = engine.load_checkpoint(str(root / name), tag=tag)
+        if path is None:
+            raise FileNotFoundError(f"checkpoint {root / name / tag} could not be loaded")
+        trainer_state = trainer_state or client_state["trainer"]
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    rng = torch.load(root / "rng" / tag / f"rank{rank}.pt", weights_only=True)
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    assert trainer_state is not None
+    return trainer_state

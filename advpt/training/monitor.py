@@ -1,0 +1,179 @@
+"""Training metrics: accumulated on the device, reduced and written only at logging steps.
+
+Between logging steps nothing leaves the device (no ``.item()``), so the hot loop never waits.
+At a logging step one packed ``all_reduce`` sums every counter over the ranks, and rank 0 writes
+the scalars to TensorBoard (``<run_dir>/tensorboard``) and one JSON object per line to
+``<run_dir>/metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.tensorboard import SummaryWriter
+
+from advpt.masking.adversarial import NUM_OPTIONS, OPTION_KEEP, OPTION_MASK
+from advpt.tokenizer import FIRST_RESIDUE_ID, RESIDUES, VOCAB_SIZE
+
+# Layout of the packed counter vector.
+_SCALARS = (
+    "encoder_loss_sum", "encoder_micro_steps", "noiser_loss_sum", "noiser_micro_steps",
+    "random_loss_sum", "random_correct", "random_count",
+    "adversarial_loss_sum", "adversarial_correct", "adversarial_count",
+    "tokens", "padded_slots",
+)  # fmt: skip
+_OPTIONS = slice(len(_SCALARS), len(_SCALARS) + NUM_OPTIONS)
+_ADV_BY_RESIDUE = slice(_OPTIONS.stop, _OPTIONS.stop + VOCAB_SIZE)
+_ALL_BY_RESIDUE = slice(_ADV_BY_RESIDUE.stop, _ADV_BY_RESIDUE.stop + VOCAB_SIZE)
+_SIZE = _ALL_BY_RESIDUE.stop
+_INDEX = {name: i for i, name in enumerate(_SCALARS)}
+
+
+class MetricsAccumulator:
+    """Running sums over the micro-steps since the last logging step, kept on ``device``."""
+
+    def __init__(self, device: torch.device):
+        self.counters = torch.zeros(_SIZE, dtype=torch.float64, device=device)
+        self.started = time.perf_counter()
+
+    def add_scalar(self, name: str, value: torch.Tensor | float) -> None:
+        self.counters[_INDEX[name]] += value
+
+    def add_step(
+        self,
+        phase: str,
+        loss: torch.Tensor,
+        token_loss: torch.Tensor,
+        token_correct: torch.Tensor,
+        is_adversarial: torch.Tensor,
+    ) -> None:
+        """One micro-step's loss and its per-position ``[N]`` losses, hits and kinds."""
+        self.add_scalar(f"{phase}_loss_sum", loss.detach())
+        self.add_scalar(f"{phase}_micro_steps", 1.0)
+        adv = is_adversarial.to(torch.float64)
+        rnd = 1.0 - adv
+        token_loss = token_loss.to(torch.float64)
+        correct = token_correct.to(torch.float64)
+        c = self.counters
+        c[_INDEX["random_loss_sum"]] += (token_loss * rnd).sum()
+        c[_INDEX["random_correct"]] += (correct * rnd).sum()
+        c[_INDEX["random_count"]] += rnd.sum()
+        c[_INDEX["adversarial_loss_sum"]] += (token_loss * adv).sum()
+        c[_INDEX["adversarial_correct"]] += (correct * adv).sum()
+        c[_INDEX["adversarial_count"]] += adv.sum()
+
+    def add_tokens(self, num_tokens: int, padded_slots: int) -> None:
+        self.counters[_INDEX["tokens"]] += num_tokens
+        self.counters[_INDEX["padded_slots"]] += padded_slots
+
+    def add_masking(self, ids: torch.Tensor, positions: torch.Tensor, option: torch.Tensor) -> None:
+        """Which options the noiser chose ``[B, L]``, and which residues it masked vs all."""
+        chosen = positions.flatten().to(torch.float64)
+        self.counters[_OPTIONS].index_add_(0, option.flatten(), chosen)
+        self.counters[_ADV_BY_RESIDUE].index_add_(0, ids.flatten(), chosen)
+        residues = (ids.flatten() >= FIRST_RESIDUE_ID).to(torch.float64)
+        self.counters[_ALL_BY_RESIDUE].index_add_(0, ids.flatten(), residues)
+
+    def summarize(self) -> dict[str, Any]:
+        """Reduce over ranks, turn sums into metrics and reset. Host sync happens here only."""
+        if dist.is_initialized():
+            dist.all_reduce(self.counters)
+        c = self.counters.tolist()
+        elapsed = time.perf_counter() - self.started
+        self.counters.zero_()
+        self.started = time.perf_counter()
+        s = {name: c[i] for i, name in enumerate(_SCALARS)}
+
+        out: dict[str, Any] = {}
+        for phase in ("encoder", "noiser"):
+            if s[f"{phase}_micro_steps"]:
+                out[f"{phase}_loss"] = s[f"{phase}_loss_sum"] / s[f"{phase}_micro_steps"]
+        for kind in ("random", "adversarial"):
+            if s[f"{kind}_count"]:
+                loss = s[f"{kind}_loss_sum"] / s[f"{kind}_count"]
+                out[f"{kind}_loss"] = loss
+                out[f"{kind}_accuracy"] = s[f"{kind}_correct"] / s[f"{kind}_count"]
+                out[f"{kind}_perplexity"] = math.exp(min(loss, 50.0))
+        out["tokens_per_s"] = s["tokens"] / max(elapsed, 1e-9)
+        if s["padded_slots"]:
+            out["padding_fraction"] = 1.0 - s["tokens"] / s["padded_slots"]
+
+        options = c[_OPTIONS]
+        chosen = sum(options)
+        if chosen:
+            out["option_mask_share"] = options[OPTION_MASK] / chosen
+            out["option_keep_share"] = options[OPTION_KEEP] / chosen
+            out["option_replace_share"] = sum(options[2:]) / chosen
+            adv, background = c[_ADV_BY_RESIDUE], c[_ALL_BY_RESIDUE]
+            total_bg = sum(background)
+            enrichment = {}
+            for i, letter in enumerate(RESIDUES, start=FIRST_RESIDUE_ID):
+                if background[i]:
+                    # share of the adversarial masks / share of the residues: 1 = no preference
+                    enrichment[letter] = (adv[i] / chosen) / (background[i] / total_bg)
+            out["residue_mask_enrichment"] = enrichment
+        return out
+
+
+class MetricsWriter:
+    """Rank 0's TensorBoard writer and ``metrics.jsonl``; other ranks write nothing."""
+
+    def __init__(self, run_dir: Path, enabled: bool, resume_step: int | None = None):
+        self.enabled = enabled
+        self.jsonl_path = run_dir / "metrics.jsonl"
+        self.board: SummaryWriter | None = None
+        if not enabled:
+            return
+        if resume_step is not None:
+            self._truncate_after(resume_step)
+        self.board = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step)
+        # A fresh run starts a fresh file; a resumed one continues it.
+        self.jsonl = self.jsonl_path.open("w" if resume_step is None else "a")
+
+    def _truncate_after(self, step: int) -> None:
+        """Drop lines logged after the checkpoint a resumed run restarts from."""
+        if not self.jsonl_path.exists():
+            return
+        kept = [
+            line
+            for line in self.jsonl_path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step
+        ]
+        tmp = self.jsonl_path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(self.jsonl_path)
+
+    def write(self, step: int, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, **record}
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        for key, value in record.items():
+            if key == "step":
+                continue
+            if isinstance(value, dict):
+                for sub, v in value.items():
+                    self.board.add_scalar(f"{key}/{sub}", v, step)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.board.add_scalar(_board_tag(key), value, step)
+        self.board.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.jsonl.close()
+            self.board.close()
+
+
+def _board_tag(key: str) -> str:
+    """Group scalars into TensorBoard sections: ``loss/encoder_loss``, ``accuracy/...``."""
+    for group in ("loss", "accuracy", "perplexity", "lr", "grad_norm", "share"):
+        if key.endswith(group) or key.startswith(group):
+            return f"{group}/{key}"
+    return f"train/{key}"

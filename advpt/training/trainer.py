@@ -1,0 +1,304 @@
+"""The training loop: alternating noiser and encoder phases over two DeepSpeed engines.
+
+One optimizer step of a phase is ``gradient_accumulation_steps`` micro-steps of that phase's
+engine. In a noiser step the encoder is frozen (``requires_grad`` off) and called through
+``encoder_engine.module``: since deepspeed 0.18.3 an engine hooks its own outputs, and a backward
+through them driven by the *other* engine breaks or silently rescales. The noiser engine then
+backpropagates ``-loss`` to maximise the MLM loss. In an encoder step the noiser runs under
+``no_grad`` and the encoder engine backpropagates ``loss``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import deepspeed
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from advpt.config import TrainConfig
+from advpt.data.collate import Batch
+from advpt.data.stream import MicroBatches, stream_loader
+from advpt.masking.adversarial import AdversarialSample, adversarial_corrupt
+from advpt.models.encoder import MLMOutput
+from advpt.training import checkpoint
+from advpt.training.engines import current_lr
+from advpt.training.monitor import MetricsAccumulator, MetricsWriter
+from advpt.training.schedule import ENCODER, NOISER, AlternatingSchedule, batch_growth
+
+
+@dataclass
+class Counters:
+    encoder_step: int = 0  # encoder optimizer steps
+    noiser_step: int = 0  # noiser optimizer steps
+    micro_batches: int = 0  # micro-batches consumed from this rank's stream (data position)
+
+    @property
+    def step(self) -> int:
+        """All optimizer steps so far: the x axis of every logged metric."""
+        return self.encoder_step + self.noiser_step
+
+
+class Trainer:
+    def __init__(
+        self,
+        config: TrainConfig,
+        encoder_engine: deepspeed.DeepSpeedEngine,
+        noiser_engine: deepspeed.DeepSpeedEngine | None,
+        train_stream: MicroBatches,
+        validation: list[Batch],
+        device: torch.device,
+    ):
+        self.config = config
+        self.encoder = encoder_engine
+        self.noiser = noiser_engine
+        self.stream = train_stream
+        self.validation = validation
+        self.device = device
+        self.run_dir = Path(config.run.run_dir)
+        self.checkpoints = self.run_dir / "checkpoints"
+        self.schedule = AlternatingSchedule(
+            config.schedule.noiser_steps, config.schedule.encoder_steps, config.adversarial
+        )
+        self.counters = Counters()
+        self.base_batch = {name: e.train_batch_size() for name, e in self.engines.items()}
+        self.is_main = not dist.is_initialized() or dist.get_rank() == 0
+        self.metrics = MetricsAccumulator(device)
+        self._logging_step = False
+        self._grad_norms: dict[str, torch.Tensor] = {}
+
+    @property
+    def engines(self) -> dict[str, deepspeed.DeepSpeedEngine]:
+        engines = {"encoder": self.encoder}
+        if self.noiser is not None:
+            engines["noiser"] = self.noiser
+        return engines
+
+    # ----------------------------------------------------------------- one micro-step each
+
+    def _corrupt(self, scores: torch.Tensor, batch: Batch) -> AdversarialSample:
+        m = self.config.masking
+        return adversarial_corrupt(
+            scores,
+            batch.inputs,
+            batch.eligible,
+            batch.budget,
+            batch.max_budget,
+            m.subset_temperature,
+            m.option_temperature,
+            m.straight_through_positions,
+        )
+
+    def noiser_micro_step(self, batch: Batch) -> MLMOutput:
+        """Maximise the MLM loss w.r.t. the noiser; the encoder is frozen."""
+        scores = self.noiser(batch.ids, batch.lengths)
+        sample = self._corrupt(scores, batch)
+        weight = torch.where(sample.positions, sample.weight, torch.ones_like(sample.weight))
+        params = list(self.encoder.module.parameters())
+        for p in params:
+            p.requires_grad_(False)
+        try:
+            out = self.encoder.module(
+                sample.one_hot,
+                batch.valid,
+                batch.ids,
+                batch.random_masked | sample.positions,
+                batch.num_masked,
+                weight,
+            )
+            self.noiser.backward(-out.loss)
+        finally:
+            for p in params:
+                p.requires_grad_(True)
+        self._step("noiser", self.noiser)
+        self._record(NOISER, out, sample, batch)
+        return out
+
+    def encoder_micro_step(self, batch: Batch) -> MLMOutput:
+        """Minimise the MLM loss w.r.t. the encoder; the noiser (if any) only samples."""
+        sample = None
+        tokens, masked = batch.inputs, batch.random_masked
+        if self.noiser is not None:
+            with torch.no_grad():
+                sample = self._corrupt(self.noiser.module(batch.ids, batch.lengths), batch)
+            tokens, masked = sample.ids, batch.random_masked | sample.positions
+        out = self.encoder(tokens, batch.valid, batch.ids, masked, batch.num_masked)
+        self.encoder.backward(out.loss)
+        self._step("encoder", self.encoder)
+        self._record(ENCODER, out, sample, batch)
+        return out
+
+    def _step(self, name: str, engine: deepspeed.DeepSpeedEngine) -> None:
+        """``engine.step()``, first noting the gradient norm if this step will be logged.
+
+        DeepSpeed reports the norm itself under ZeRO and mixed precision, but not for a plain
+        fp32 optimizer; there the (already all-reduced) gradients are measured here, on the
+        device and only on logging steps.
+        """
+        if (
+            self._logging_step
+            and engine.is_gradient_accumulation_boundary()
+            and not hasattr(engine.optimizer, "_global_grad_norm")
+        ):
+            grads = [p.grad.norm() for p in engine.module.parameters() if p.grad is not None]
+            if grads:
+                self._grad_norms[name] = torch.linalg.vector_norm(torch.stack(grads))
+        engine.step()
+
+    def _record(
+        self, phase: str, out: MLMOutput, sample: AdversarialSample | None, batch: Batch
+    ) -> None:
+        if sample is None:
+            is_adv = torch.zeros_like(out.token_correct)
+        else:
+            is_adv = sample.positions.flatten().index_select(0, out.positions)
+            self.metrics.add_masking(batch.ids, sample.positions, sample.option)
+        self.metrics.add_step(phase, out.loss, out.token_loss, out.token_correct, is_adv)
+        self.metrics.add_tokens(batch.num_tokens, batch.ids.numel())
+
+    # ---------------------------------------------------------------------- the loop
+
+    def _apply_batch_growth(self) -> None:
+        s = self.config.schedule
+        factor = batch_growth(
+            self.counters.encoder_step, s.max_steps, s.batch_growth_at, s.batch_growth_factor
+        )
+        for name, engine in self.engines.items():
+            target = self.base_batch[name] * factor
+            if engine.train_batch_size() != target:
+                engine.set_train_batch_size(target)
+
+    def _optimizer_step(self, data) -> None:
+        """One optimizer step of the current phase: a full accumulation window of micro-steps."""
+        phase = self.schedule.phase
+        engine = self.noiser if phase == NOISER else self.encoder
+        micro_step = self.noiser_micro_step if phase == NOISER else self.encoder_micro_step
+        self._logging_step = (self.counters.step + 1) % self.config.run.log_every == 0
+        for _ in range(engine.gradient_accumulation_steps()):
+            batch = next(data).to(self.device)
+            self.counters.micro_batches += 1
+            micro_step(batch)
+        if phase == NOISER:
+            self.counters.noiser_step += 1
+        else:
+            self.counters.encoder_step += 1
+        self.schedule.advance()
+
+    def trainer_state(self) -> dict[str, Any]:
+        return {
+            "counters": vars(self.counters).copy(),
+            "schedule": self.schedule.state_dict(),
+            "base_batch": self.base_batch,
+        }
+
+    def save(self) -> None:
+        tag = checkpoint.checkpoint_tag(self.counters.encoder_step)
+        checkpoint.save_checkpoint(
+            self.checkpoints,
+            tag,
+            self.engines,
+            self.trainer_state(),
+            self.config.run.keep_checkpoints,
+        )
+
+    def restore(self) -> bool:
+        """Load the newest complete checkpoint if there is one; True if something was loaded."""
+        tag = checkpoint.latest_tag(self.checkpoints)
+        if tag is None:
+            return False
+        state = checkpoint.load_checkpoint(self.checkpoints, tag, self.engines)
+        self.counters = Counters(**state["counters"])
+        self.schedule.load_state_dict(state["schedule"])
+        self.base_batch = dict(state["base_batch"])
+        return True
+
+    def train(self) -> dict[str, Any]:
+        """Run until ``max_steps`` encoder steps (or ``stop_after_steps`` in this process)."""
+        cfg = self.config
+        resumed = cfg.run.resume and self.restore()
+        writer = MetricsWriter(self.run_dir, self.is_main, self.counters.step if resumed else None)
+        data = iter(stream_loader(self.stream, self.counters.micro_batches, cfg.data.num_workers))
+        stop_at = cfg.schedule.max_steps
+        if cfg.run.stop_after_steps:
+            stop_at = min(stop_at, self.counters.encoder_step + cfg.run.stop_after_steps)
+        progress = tqdm(
+            total=cfg.schedule.max_steps,
+            initial=self.counters.encoder_step,
+            desc=f"{cfg.run.mode} pre-training",
+            unit="enc-step",
+            disable=not self.is_main,
+            dynamic_ncols=True,
+        )
+        last: dict[str, Any] = {}
+        self.metrics = MetricsAccumulator(self.device)
+        while self.counters.encoder_step < stop_at:
+            self._apply_batch_growth()
+            encoder_before = self.counters.encoder_step
+            self._optimizer_step(data)
+            if self.counters.step % cfg.run.log_every == 0:
+                last = self._log(writer, progress)
+            if self.counters.encoder_step == encoder_before:
+                continue
+            progress.update(1)
+            step = self.counters.encoder_step
+            if (cfg.run.eval_every and step % cfg.run.eval_every == 0) or step == stop_at:
+                last.update(self._evaluate(writer))
+            if step % cfg.run.checkpoint_every == 0 or step == stop_at:
+                self.save()
+        progress.close()
+        writer.close()
+        return last
+
+    def _log(self, writer: MetricsWriter, progress: tqdm) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "phase": self.schedule.phase,
+            "encoder_step": self.counters.encoder_step,
+            "noiser_step": self.counters.noiser_step,
+            "epoch": self.stream.epoch_of(self.counters.micro_batches),
+            **self.metrics.summarize(),
+        }
+        for name, engine in self.engines.items():
+            record[f"{name}_lr"] = current_lr(engine)
+            record[f"{name}_batch_size"] = engine.train_batch_size()
+            norm = engine.get_global_grad_norm()
+            if norm is None and name in self._grad_norms:
+                norm = self._grad_norms.pop(name)
+            if norm is not None:
+                record[f"{name}_grad_norm"] = float(norm)
+        writer.write(self.counters.step, record)
+        shown = {k: f"{record[k]:.3f}" for k in ("encoder_loss", "noiser_loss") if k in record}
+        progress.set_postfix(**shown, tok_s=f"{record['tokens_per_s']:.0f}")
+        return record
+
+    @torch.no_grad()
+    def _evaluate(self, writer: MetricsWriter) -> dict[str, Any]:
+        """Masked-token loss and accuracy on the held-out split under plain random masking."""
+        model = self.encoder.module
+        model.eval()
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
+        start = time.perf_counter()
+        for batch in self.validation:
+            batch = batch.to(self.device)
+            out = model(batch.inputs, batch.valid, batch.ids, batch.random_masked, batch.num_masked)
+            sums[0] += out.token_loss.sum()
+            sums[1] += out.token_correct.sum()
+            sums[2] += batch.num_masked
+        model.train()
+        if dist.is_initialized():
+            dist.all_reduce(sums)
+        loss_sum, correct, count = sums.tolist()
+        if not count:
+            return {}
+        record = {
+            "encoder_step": self.counters.encoder_step,
+            "val_loss": loss_sum / count,
+            "val_accuracy": correct / count,
+            "val_perplexity": float(torch.tensor(loss_sum / count).exp()),
+            "val_seconds": time.perf_counter() - start,
+        }
+        writer.write(self.counters.step, record)
+        return record

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up the environment, then run the test suite (what CI runs).
+#
+#   bash scripts/test.sh [pytest args]
+source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
+ruff check .
+python -m pytest -q "$@"

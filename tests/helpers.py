@@ -1,0 +1,60 @@
+"""Small builders shared by the training tests: DeepSpeed JSONs and train.py arguments."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_ds_config(
+    path: Path, micro: int = 8, accumulation: int = 1, world: int = 1, lr: float = 1e-3, **extra
+) -> str:
+    """A CPU DeepSpeed JSON (torch AdamW, no C++ op build) written to ``path``."""
+    config = {
+        "train_batch_size": micro * accumulation * world,
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": 0},
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": lr, "weight_decay": 0.01, "torch_adam": True},
+        },
+        "steps_per_print": 10**9,
+        **extra,
+    }
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def tiny_run_args(tmp_path: Path, run_dir: Path, world: int = 1, **configs) -> list[str]:
+    """Flags for a seconds-long adversarial run of the tiny presets on the bundled proteome."""
+    encoder = write_ds_config(tmp_path / "encoder.json", world=world, **configs)
+    noiser = write_ds_config(tmp_path / "noiser.json", world=world, lr=1e-2, **configs)
+    return [
+        "--deepspeed_config", encoder, "--noiser_deepspeed_config", noiser,
+        "--encoder", "tiny", "--noiser", "tiny", "--max_length", "48",
+        "--warmup_steps", "2", "--run_dir", str(run_dir), "--eval_batches", "4",
+    ]  # fmt: skip
+
+
+def run_module(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python -m advpt.train ARGS`` in a fresh process on the CPU accelerator."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    # the test session's own process group must not leak into the child
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+        env.pop(key, None)
+    env.pop("MASTER_PORT", None)
+    return subprocess.run(
+        [sys.executable, "-m", "advpt.train", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]

@@ -1,0 +1,82 @@
+import torch
+import torch.nn.functional as F
+
+from advpt.masking import NUM_SCORES
+from advpt.models import ENCODER_PRESETS, NOISER_PRESETS, GRUNoiser, MaskedLanguageModel
+from advpt.tokenizer import CLS_ID, FIRST_RESIDUE_ID, PAD_ID, SEP_ID, VOCAB_SIZE
+
+
+def _ids(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.full((len(lengths), width), PAD_ID)
+    for row, n in enumerate(lengths):
+        ids[row, 0], ids[row, n - 1] = CLS_ID, SEP_ID
+        ids[row, 1 : n - 1] = torch.randint(FIRST_RESIDUE_ID, VOCAB_SIZE, (n - 2,), generator=g)
+    return ids, ids != PAD_ID
+
+
+def test_tape_base_preset_matches_tape_sizes():
+    cfg = ENCODER_PRESETS["tape-base"]
+    assert (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.intermediate_size) == (
+        768, 12, 12, 3072,
+    )  # fmt: skip
+    assert cfg.layer_norm_eps == 1e-12 and cfg.dropout == 0.1 and cfg.vocab_size == 30
+    noiser = NOISER_PRESETS["paper"]
+    assert (noiser.embedding_size, noiser.num_layers, noiser.hidden_size) == (1024, 3, 512)
+
+
+def test_id_and_one_hot_inputs_give_the_same_hidden_states():
+    torch.manual_seed(0)
+    model = MaskedLanguageModel(ENCODER_PRESETS["tiny"]).eval()
+    ids, valid = _ids([20, 13, 7])
+    by_id = model.encoder(ids, valid)
+    by_one_hot = model.encoder(F.one_hot(ids, VOCAB_SIZE).float(), valid)
+    torch.testing.assert_close(by_id, by_one_hot, rtol=1e-5, atol=1e-5)
+
+
+def test_padding_does_not_change_real_positions():
+    torch.manual_seed(1)
+    model = MaskedLanguageModel(ENCODER_PRESETS["tiny"]).eval()
+    ids, valid = _ids([9, 9])
+    padded = F.pad(ids, (0, 6), value=PAD_ID)
+    out_short = model.encoder(ids, valid)
+    out_long = model.encoder(padded, padded != PAD_ID)
+    torch.testing.assert_close(out_short, out_long[:, :9], rtol=1e-5, atol=1e-5)
+
+
+def test_tied_decoder_and_loss_only_at_masked_positions():
+    torch.manual_seed(2)
+    model = MaskedLanguageModel(ENCODER_PRESETS["tiny"]).eval()
+    assert model.head.token_embedding.weight is model.encoder.token_embedding.weight
+    ids, valid = _ids([12, 10])
+    masked = torch.zeros_like(valid)
+    masked[0, 3] = masked[1, 5] = masked[1, 6] = True
+    out = model(ids, valid, ids, masked, num_masked=3)
+    assert out.positions.tolist() == [3, 12 + 5, 12 + 6]
+    assert out.token_loss.shape == (3,)
+    torch.testing.assert_close(out.loss, out.token_loss.mean())
+    weight = torch.full(ids.shape, 2.0)
+    torch.testing.assert_close(model(ids, valid, ids, masked, 3, weight).loss.detach(),
+                               2 * out.loss.detach())  # fmt: skip
+
+
+def test_one_hot_input_passes_gradients_back():
+    model = MaskedLanguageModel(ENCODER_PRESETS["tiny"])
+    ids, valid = _ids([8])
+    one_hot = F.one_hot(ids, VOCAB_SIZE).float().requires_grad_(True)
+    masked = torch.zeros_like(valid)
+    masked[0, 2] = True
+    model(one_hot, valid, ids, masked, 1).loss.backward()
+    assert one_hot.grad is not None and one_hot.grad.abs().sum() > 0
+
+
+def test_noiser_scores_each_token_and_ignores_padding():
+    torch.manual_seed(3)
+    noiser = GRUNoiser(NOISER_PRESETS["tiny"]).eval()
+    ids, valid = _ids([11, 6])
+    lengths = valid.sum(1)
+    scores = noiser(ids, lengths)
+    assert scores.shape == (2, 11, NUM_SCORES)
+    alone = noiser(ids[1:, :6], lengths[1:])  # the short row without any padding
+    torch.testing.assert_close(scores[1:, :6], alone, rtol=1e-5, atol=1e-6)
