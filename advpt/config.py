@@ -32,6 +32,7 @@ class DataConfig:
     max_length: int = 512  # tokens incl. <cls>/<sep>; longer sequences are randomly cropped
     val_fraction: float = 0.05  # held-out share of the records for validation
     unknown_to_unk: bool = False  # map characters outside the alphabet to <unk> instead of failing
+    skip_bad_records: bool = False  # leave out (count and log) records that cannot be read
     bucket_batches: int = 50  # micro-batches per length bucket (more: less padding, less mixing)
     num_workers: int = 1  # DataLoader worker processes
 
@@ -91,6 +92,7 @@ class RunConfig:
     keep_checkpoints: int = 3  # most recent checkpoints kept on disk
     resume: bool = False  # continue from <run_dir>/checkpoints/latest
     stop_after_steps: int = 0  # stop (with a checkpoint) after this many encoder steps; 0 = off
+    max_skipped_in_a_row: int = 20  # non-finite steps in a row (one engine) before the run stops
 
 
 @dataclass

@@ -29,13 +29,8 @@ class TokenizationError(ValueError):
     """A sequence holds a character that is not an IUPAC residue letter."""
 
 
-def encode(sequence: str, record: str = "<sequence>", unknown_to_unk: bool = False) -> np.ndarray:
-    """Encode one protein as ``[<cls>, residues..., <sep>]`` ids, int64 of shape ``[len + 2]``.
-
-    Lower case is accepted and one trailing ``*`` (a stop codon, as gene callers write it) is
-    dropped. Any other character outside the alphabet raises a ``TokenizationError`` naming
-    ``record`` and the 1-based position, or becomes ``<unk>`` when ``unknown_to_unk`` is set.
-    """
+def _lookup(sequence: str, record: str, unknown_to_unk: bool) -> np.ndarray:
+    """Residue ids of ``sequence`` as uint8 ``[len]`` (1 byte per residue, even for huge ones)."""
     if sequence.endswith("*"):
         sequence = sequence[:-1]
     raw = np.frombuffer(sequence.encode("latin-1", errors="replace"), dtype=np.uint8)
@@ -48,8 +43,27 @@ def encode(sequence: str, record: str = "<sequence>", unknown_to_unk: bool = Fal
                 f"record {record!r} has invalid residue {sequence[pos]!r} at position {pos + 1}"
                 " (use unknown_to_unk / --unknown_to_unk to map such characters to <unk>)"
             )
-        ids = ids.copy()
         ids[bad] = UNK_ID
+    return ids
+
+
+def count_residues(sequence: str, record: str = "<sequence>", unknown_to_unk: bool = False) -> int:
+    """Validate ``sequence`` as :func:`encode` would and return its residue count.
+
+    Costs about one byte per residue, so a single enormous sequence can be checked without the
+    eight bytes per residue of its int64 ids.
+    """
+    return int(_lookup(sequence, record, unknown_to_unk).size)
+
+
+def encode(sequence: str, record: str = "<sequence>", unknown_to_unk: bool = False) -> np.ndarray:
+    """Encode one protein as ``[<cls>, residues..., <sep>]`` ids, int64 of shape ``[len + 2]``.
+
+    Lower case is accepted and one trailing ``*`` (a stop codon, as gene callers write it) is
+    dropped. Any other character outside the alphabet raises a ``TokenizationError`` naming
+    ``record`` and the 1-based position, or becomes ``<unk>`` when ``unknown_to_unk`` is set.
+    """
+    ids = _lookup(sequence, record, unknown_to_unk)
     out = np.empty(ids.size + 2, dtype=np.int64)
     out[0], out[-1] = CLS_ID, SEP_ID
     out[1:-1] = ids

@@ -24,7 +24,6 @@ from deepspeed.accelerator import get_accelerator  # noqa: E402
 
 from advpt.config import ConfigError, TrainConfig, parse_config  # noqa: E402
 from advpt.data.batching import LengthBucketedBatches  # noqa: E402
-from advpt.data.bundled import resolve_data_path  # noqa: E402
 from advpt.data.collate import MaskingCollator  # noqa: E402
 from advpt.data.dataset import CroppedView, ProteinDataset, train_val_split  # noqa: E402
 from advpt.data.readers import DataError  # noqa: E402
@@ -35,8 +34,9 @@ from advpt.models import (  # noqa: E402
     GRUNoiser,
     MaskedLanguageModel,
 )
+from advpt.training.checkpoint import CheckpointError  # noqa: E402
 from advpt.training.engines import build_engine, load_ds_config  # noqa: E402
-from advpt.training.trainer import Trainer  # noqa: E402
+from advpt.training.trainer import NonFiniteError, Trainer  # noqa: E402
 
 
 def _free_port() -> int:
@@ -81,7 +81,7 @@ def build_trainer(config: TrainConfig, device: torch.device) -> Trainer:
             )
 
     d = config.data
-    dataset = ProteinDataset.from_path(resolve_data_path(d.data), unknown_to_unk=d.unknown_to_unk)
+    dataset = ProteinDataset.from_path(d.data, d.unknown_to_unk, d.skip_bad_records)
     train_idx, val_idx = train_val_split(len(dataset), d.val_fraction, config.run.seed)
     train_view = CroppedView(dataset, train_idx, d.max_length, config.run.seed)
     random_rate, adversarial_rate = config.masking_rates()
@@ -140,8 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(config.run.run_dir)
     if trainer.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-    final = trainer.train()
+        tmp = run_dir / "config.json.tmp"
+        tmp.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        tmp.replace(run_dir / "config.json")
+    try:
+        final = trainer.train()
+    except (NonFiniteError, CheckpointError) as exc:
+        print(f"advpt: error: {exc}", file=sys.stderr)
+        return 3
     if trainer.is_main:
         print(f"\nrun directory:   {run_dir}")
         print(f"checkpoints:     {run_dir / 'checkpoints'}")

@@ -28,7 +28,7 @@ from advpt.data import (
     resolve_data_path,
     train_val_split,
 )
-from advpt.tokenizer import CLS_ID, SEP_ID, UNK_ID, encode
+from advpt.tokenizer import CLS_ID, SEP_ID, UNK_ID, decode, encode
 
 # Multi-line records, lower case, a trailing stop '*', CRLF endings, stray whitespace, blank line.
 FASTA_TEXT = (
@@ -113,8 +113,8 @@ def test_sequence_before_header_names_file_and_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize("text", [">p1\nMKT\n>empty desc\n>p3\nGG\n", ">p1\nMKT\n>empty\n"])
 def test_empty_record_names_file_and_record(tmp_path: Path, text: str) -> None:
     path = write_fasta(tmp_path / "bad.fa", text)
-    with pytest.raises(DataError, match=r"bad\.fa: record 'empty' .* has no sequence"):
-        list(iter_fasta(path))
+    with pytest.raises(DataError, match=r"bad\.fa: record 'empty' has no sequence"):
+        ProteinDataset.from_path(path)
 
 
 def test_invalid_character_reported_at_startup(tmp_path: Path) -> None:
@@ -128,7 +128,7 @@ def test_invalid_character_reported_at_startup(tmp_path: Path) -> None:
 def test_missing_empty_and_unknown_paths(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="nowhere.fasta does not exist"):
         ProteinDataset.from_path(tmp_path / "nowhere.fasta")
-    with pytest.raises(DataError, match="empty.fasta holds no records"):
+    with pytest.raises(DataError, match="empty.fasta holds no usable records"):
         ProteinDataset.from_path(write_fasta(tmp_path / "empty.fasta", "\n"))
     with pytest.raises(DataError, match="cannot tell the format"):
         ProteinDataset.from_path(write_fasta(tmp_path / "seqs.csv", FASTA_TEXT))
@@ -225,34 +225,55 @@ def test_bad_tape_json(tmp_path: Path, text: str, message: str) -> None:
 # ----------------------------------------------------------------------------- crops and splits
 
 
-def test_crop_keeps_ends_and_a_contiguous_window() -> None:
-    ids = encode("ACDEFGHIKLMNPQRSTVWY" * 5)
-    cropped = crop(ids, 12, np.random.default_rng(0))
-    assert len(cropped) == 12 and cropped[0] == CLS_ID and cropped[-1] == SEP_ID
-    window = cropped[1:-1]
-    starts = [s for s in range(1, len(ids) - 10) if np.array_equal(ids[s : s + 10], window)]
-    assert starts
-    short = encode("MKT")
-    assert crop(short, 12, np.random.default_rng(0)) is short
+def test_crop_keeps_a_contiguous_window_that_fits_with_cls_and_sep() -> None:
+    sequence = "ACDEFGHIKLMNPQRSTVWY" * 5
+    cropped = crop(sequence, 12, np.random.default_rng(0))
+    assert len(cropped) == 10 and cropped in sequence
+    assert crop("MKT", 12, np.random.default_rng(0)) == "MKT"
+    windows = {crop(sequence, 12, np.random.default_rng(seed)) for seed in range(20)}
+    assert len(windows) > 5
 
 
-def test_cropped_view_is_stateless_per_seed_epoch_index() -> None:
-    class Tokens:
-        token_lengths = np.array([502, 5])
-
-        def __getitem__(self, index: int) -> np.ndarray:
-            return encode(("ACDEFGHIKLMNPQRSTVWY" * 25, "MKT")[index])
-
-    view = CroppedView(Tokens(), np.array([1, 0]), max_length=32, seed=7)
+def test_cropped_view_is_stateless_per_seed_epoch_index(tmp_path: Path) -> None:
+    path = write_fasta(
+        tmp_path / "two.fasta", f">long\n{'ACDEFGHIKLMNPQRSTVWY' * 25}\n>short\nMKT\n"
+    )
+    dataset = ProteinDataset.from_path(path)
+    view = CroppedView(dataset, np.array([1, 0]), max_length=32, seed=7)
     np.testing.assert_array_equal(view.token_lengths, [5, 32])
     first = view[1]
+    assert len(first) == 32 and first[0] == CLS_ID and first[-1] == SEP_ID
     np.testing.assert_array_equal(view[1], first)  # repeatable, in any order
-    fresh = CroppedView(Tokens(), np.array([0]), max_length=32, seed=7)
+    fresh = CroppedView(dataset, np.array([0]), max_length=32, seed=7)
     np.testing.assert_array_equal(fresh[0], first)  # depends on the record, not its position
-    crops = set()
-    for epoch in range(5):
-        crops.add(view.get(1, epoch).tobytes())
-    assert len(crops) > 1
+    assert len({view.get(1, epoch).tobytes() for epoch in range(5)}) > 1
+
+
+def test_skip_bad_records_counts_and_leaves_them_out(tmp_path: Path) -> None:
+    text = ">ok1\nMKT\n>bad\nMK1T\n>empty\n>ok2\nGGA*\n"
+    path = write_fasta(tmp_path / "mixed.fasta", text)
+    with pytest.raises(DataError, match="record 'bad'"):
+        ProteinDataset.from_path(path)
+    dataset = ProteinDataset.from_path(path, skip_bad_records=True)
+    assert dataset.skipped_records == 2
+    assert [decode(dataset[i]) for i in range(len(dataset))] == ["MKT", "GGA"]
+    records = [{"primary": "MKT"}, {"primary": 5}, {"primary": "MXZ"}]
+    (tmp_path / "t.json").write_text(json.dumps(records))
+    dataset = ProteinDataset.from_path(tmp_path / "t.json", skip_bad_records=True)
+    assert dataset.skipped_records == 1 and len(dataset) == 2
+
+
+def test_one_enormous_sequence_is_indexed_and_cropped(tmp_path: Path) -> None:
+    lines = 333_334  # 20 million residues in 60-letter lines
+    residues = 60 * lines
+    path = tmp_path / "huge.fasta"
+    with path.open("w") as f:
+        f.write(">giant\n")
+        f.write(("ACDEFGHIKLMNPQRSTVWY" * 3 + "\n") * lines)
+    dataset = ProteinDataset.from_path(path)
+    assert dataset.token_lengths.tolist() == [residues + 2]
+    ids = CroppedView(dataset, np.array([0]), max_length=512, seed=0)[0]
+    assert len(ids) == 512
 
 
 def test_train_val_split() -> None:

@@ -7,9 +7,10 @@ index, so plain FASTA files far larger than memory still give random access.
 
 from __future__ import annotations
 
+import logging
 import os
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,17 +26,45 @@ from advpt.data.readers import (
     read_tape_json,
     scan_fasta,
 )
-from advpt.tokenizer import TokenizationError, encode
+from advpt.tokenizer import TokenizationError, count_residues, encode
+
+log = logging.getLogger(__name__)
 
 _FASTA_SUFFIXES = (".fasta", ".fa", ".faa", ".fas", ".fna", ".txt")
 
 
 def _token_length(path: Path, record: Record, unknown_to_unk: bool) -> int:
-    """Tokenize one record to validate it; return its length in tokens (residues + 2)."""
+    """Validate one record; return its length in tokens (residues + 2)."""
     try:
-        return len(encode(record.sequence, record.name, unknown_to_unk))
+        residues = count_residues(record.sequence, record.name, unknown_to_unk)
     except TokenizationError as err:
         raise DataError(f"{path}: {err}") from None
+    if residues == 0:
+        raise DataError(f"{path}: record {record.name!r} has no sequence")
+    return residues + 2
+
+
+class _Skipper:
+    """Counts and logs bad records instead of raising, when ``--skip_bad_records`` asks for it."""
+
+    def __init__(self, path: Path, enabled: bool):
+        self.path, self.enabled, self.skipped = path, enabled, 0
+
+    def check(self, validate: Callable[[], int]) -> int | None:
+        """``validate()``'s token length, or None for a bad record that is being skipped."""
+        try:
+            return validate()
+        except DataError as err:
+            if not self.enabled:
+                raise
+            self.skipped += 1
+            if self.skipped <= 10:
+                log.warning("skipping bad record: %s", err)
+            return None
+
+    def report(self) -> None:
+        if self.skipped:
+            log.warning("%s: skipped %d bad record(s)", self.path, self.skipped)
 
 
 def _primary(path: Path, record: str, item: Any) -> str:
@@ -96,57 +125,70 @@ class _PackedSequences:
 
 
 class _TapePrimary:
-    """The ``primary`` field of each record of a TAPE LMDB, fetched on access."""
+    """The ``primary`` field of the records ``keys`` (int64 ``[N]``) of a TAPE LMDB, on access."""
 
-    def __init__(self, lmdb: TapeLMDB):
-        self.lmdb = lmdb
+    def __init__(self, lmdb: TapeLMDB, keys: np.ndarray):
+        self.lmdb, self.keys = lmdb, keys
 
     def __len__(self) -> int:
-        return len(self.lmdb)
+        return len(self.keys)
 
     def __getitem__(self, index: int) -> str:
-        return _primary(self.lmdb.path, str(index), self.lmdb[index])
+        key = int(self.keys[index])
+        return _primary(self.lmdb.path, str(key), self.lmdb[key])
 
 
 # ----------------------------------------------------------------------------- one pass per format
 
 
-def _index_fasta(path: Path, unknown_to_unk: bool) -> tuple[_IndexedFasta, array]:
+def _index_fasta(path: Path, skip: _Skipper, unknown_to_unk: bool) -> tuple[_IndexedFasta, array]:
     """Stream a plain FASTA file once: validate each record and keep its byte range."""
     starts, stops, lengths = array("q"), array("q"), array("q")
     for record, start, stop in scan_fasta(path):
-        lengths.append(_token_length(path, record, unknown_to_unk))
-        starts.append(start)
-        stops.append(stop)
+        length = skip.check(lambda r=record: _token_length(path, r, unknown_to_unk))
+        if length is not None:
+            lengths.append(length)
+            starts.append(start)
+            stops.append(stop)
     return _IndexedFasta(path, np.asarray(starts), np.asarray(stops)), lengths
 
 
 def _pack(
-    path: Path, records: Iterable[Record], unknown_to_unk: bool
+    path: Path, records: Iterable[Record], skip: _Skipper, unknown_to_unk: bool
 ) -> tuple[_PackedSequences, array]:
     """Stream ``records`` once: validate each and pack its letters at 1 byte per residue."""
     letters, offsets, lengths = bytearray(), array("q", [0]), array("q")
     for record in records:
-        lengths.append(_token_length(path, record, unknown_to_unk))
-        letters += record.sequence.encode("latin-1", "replace")
-        offsets.append(len(letters))
+        length = skip.check(lambda r=record: _token_length(path, r, unknown_to_unk))
+        if length is not None:
+            lengths.append(length)
+            letters += record.sequence.encode("latin-1", "replace")
+            offsets.append(len(letters))
     return _PackedSequences(np.frombuffer(letters, np.uint8), np.asarray(offsets)), lengths
 
 
-def _tape_json_records(path: Path) -> Iterator[Record]:
-    """The records of a TAPE JSON file, named ``#<list index>``."""
+def _tape_json_records(path: Path, skip: _Skipper) -> Iterator[Record]:
+    """The records of a TAPE JSON file with a string ``primary``, named ``#<list index>``."""
     for i, item in enumerate(read_tape_json(path)):
-        yield Record(f"#{i}", _primary(path, f"#{i}", item))
+        if skip.check(lambda i=i, item=item: len(_primary(path, f"#{i}", item))) is not None:
+            yield Record(f"#{i}", item["primary"])
 
 
-def _read_lmdb(path: Path, unknown_to_unk: bool) -> tuple[_TapePrimary, list[int]]:
+def _read_lmdb(path: Path, skip: _Skipper, unknown_to_unk: bool) -> tuple[_TapePrimary, array]:
     """Read every record of a TAPE LMDB once to validate it and learn its length."""
-    sequences = _TapePrimary(TapeLMDB(path))
-    lengths = [
-        _token_length(path, Record(str(i), sequences[i]), unknown_to_unk)
-        for i in range(len(sequences))
-    ]
-    return sequences, lengths
+    lmdb = TapeLMDB(path)
+    keys, lengths = array("q"), array("q")
+    for key in range(len(lmdb)):
+
+        def validate(key: int = key) -> int:
+            record = Record(str(key), _primary(path, str(key), lmdb[key]))
+            return _token_length(path, record, unknown_to_unk)
+
+        length = skip.check(validate)
+        if length is not None:
+            keys.append(key)
+            lengths.append(length)
+    return _TapePrimary(lmdb, np.asarray(keys)), lengths
 
 
 class ProteinDataset(Dataset):
@@ -164,67 +206,77 @@ class ProteinDataset(Dataset):
         self.sequences = sequences
         self.token_lengths = token_lengths
         self.unknown_to_unk = unknown_to_unk
+        self.skipped_records = 0
 
     @classmethod
-    def from_path(cls, path: str | os.PathLike, unknown_to_unk: bool = False) -> ProteinDataset:
+    def from_path(
+        cls,
+        path: str | os.PathLike,
+        unknown_to_unk: bool = False,
+        skip_bad_records: bool = False,
+    ) -> ProteinDataset:
         """Open a FASTA (optionally ``.gz``), TAPE LMDB or TAPE JSON dataset, chosen by its name.
 
-        ``path`` may also be the ``bundled:proteome`` token. Every record is tokenized once here,
-        so invalid residues are reported now, naming the file, record and position.
+        ``path`` may also be the ``bundled:proteome`` token. Every record is validated once here,
+        so invalid residues are reported now, naming the file, record and position; with
+        ``skip_bad_records`` such records (invalid residues, empty sequences, TAPE records without
+        a string ``primary``) are left out, counted and logged instead.
         """
         path = resolve_data_path(str(path))
         if not path.exists():
             raise DataError(f"dataset path {path} does not exist")
         name = path.name.lower()
+        skip = _Skipper(path, skip_bad_records)
         if path.is_dir() or name.endswith(".lmdb"):
-            sequences, lengths = _read_lmdb(path, unknown_to_unk)
+            sequences, lengths = _read_lmdb(path, skip, unknown_to_unk)
         elif name.endswith(".json"):
-            sequences, lengths = _pack(path, _tape_json_records(path), unknown_to_unk)
+            sequences, lengths = _pack(path, _tape_json_records(path, skip), skip, unknown_to_unk)
         elif name.endswith(tuple(suffix + ".gz" for suffix in _FASTA_SUFFIXES)):
-            sequences, lengths = _pack(path, iter_fasta(path), unknown_to_unk)
+            sequences, lengths = _pack(path, iter_fasta(path), skip, unknown_to_unk)
         elif name.endswith(_FASTA_SUFFIXES):
-            sequences, lengths = _index_fasta(path, unknown_to_unk)
+            sequences, lengths = _index_fasta(path, skip, unknown_to_unk)
         else:
             raise DataError(
                 f"cannot tell the format of dataset {path}; expected a directory or .lmdb (TAPE "
                 f"LMDB), .json (TAPE JSON) or one of {', '.join(_FASTA_SUFFIXES)} (FASTA, "
                 "optionally .gz)"
             )
+        skip.report()
         if len(sequences) == 0:
-            raise DataError(f"dataset {path} holds no records")
-        return cls(sequences, np.asarray(lengths, dtype=np.int64), unknown_to_unk)
+            raise DataError(f"dataset {path} holds no usable records")
+        dataset = cls(sequences, np.asarray(lengths, dtype=np.int64), unknown_to_unk)
+        dataset.skipped_records = skip.skipped
+        return dataset
 
     def __len__(self) -> int:
         return len(self.token_lengths)
 
+    def residues(self, index: int) -> str:
+        """Record ``index``'s residue letters, a trailing stop codon ``*`` removed."""
+        sequence = self.sequences[index]
+        return sequence[:-1] if sequence.endswith("*") else sequence
+
     def __getitem__(self, index: int) -> np.ndarray:
-        return encode(self.sequences[index], str(index), self.unknown_to_unk)
+        return encode(self.residues(index), str(index), self.unknown_to_unk)
 
 
 # ----------------------------------------------------------------------------- cropping, splits
 
 
-class _TokenDataset(Protocol):
-    """What ``CroppedView`` needs of a dataset: token ids by index and their lengths ``[N]``."""
+def crop(sequence: str, max_length: int, rng: np.random.Generator) -> str:
+    """Cut ``sequence`` to the residues that fit ``max_length`` tokens with ``<cls>``/``<sep>``.
 
-    token_lengths: np.ndarray
-
-    def __getitem__(self, index: int) -> np.ndarray: ...
-
-
-def crop(ids: np.ndarray, max_length: int, rng: np.random.Generator) -> np.ndarray:
-    """Cut ``ids`` (``[<cls>, residues, <sep>]``) to at most ``max_length`` tokens.
-
-    A long protein keeps ``<cls>``, a uniformly random window of ``max_length - 2`` contiguous
-    residues and ``<sep>``, so every part of it is seen across epochs; a short one is unchanged.
+    A long protein keeps a uniformly random window of ``max_length - 2`` contiguous residues, so
+    every part of it is seen across epochs; a short one is unchanged. Cropping the letters before
+    tokenizing keeps a single enormous sequence cheap: only the window becomes int64 ids.
     """
     if max_length < 3:
         raise ValueError(f"max_length must leave room for one residue, got {max_length}")
-    if len(ids) <= max_length:
-        return ids
     window = max_length - 2
-    start = 1 + int(rng.integers(0, len(ids) - 2 - window + 1))
-    return np.concatenate((ids[:1], ids[start : start + window], ids[-1:]))
+    if len(sequence) <= window:
+        return sequence
+    start = int(rng.integers(0, len(sequence) - window + 1))
+    return sequence[start : start + window]
 
 
 class CroppedView(Dataset):
@@ -235,7 +287,7 @@ class CroppedView(Dataset):
     sees exactly the crops the uninterrupted run would have.
     """
 
-    def __init__(self, dataset: _TokenDataset, indices: np.ndarray, max_length: int, seed: int):
+    def __init__(self, dataset: ProteinDataset, indices: np.ndarray, max_length: int, seed: int):
         self.dataset = dataset
         self.indices = np.asarray(indices, dtype=np.int64)
         self.max_length = max_length
@@ -250,10 +302,11 @@ class CroppedView(Dataset):
         return len(self.indices)
 
     def get(self, index: int, epoch: int) -> np.ndarray:
-        """Record ``indices[index]`` with the crop window of ``epoch``."""
+        """Token ids of record ``indices[index]`` with the crop window of ``epoch``."""
         record = int(self.indices[index])
         rng = np.random.default_rng([self.seed, epoch, record])
-        return crop(self.dataset[record], self.max_length, rng)
+        window = crop(self.dataset.residues(record), self.max_length, rng)
+        return encode(window, str(record), self.dataset.unknown_to_unk)
 
     def __getitem__(self, index: int) -> np.ndarray:
         return self.get(index, epoch=0)

@@ -41,12 +41,10 @@ def _open_binary(path: Path) -> BinaryIO:
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
-def _finish_record(path: Path, name: str, header_line: int, lines: list[bytes]) -> Record:
-    residues = b"".join(lines)
-    if not residues:
-        raise DataError(f"{path}: record {name!r} (header on line {header_line}) has no sequence")
+def _finish_record(lines: list[bytes], name: str) -> Record:
     # latin-1 maps every byte to one character, so positions in error messages are byte positions.
-    return Record(name, residues.decode("latin-1"))
+    # An empty record is passed on: whether it is an error is the dataset's call (it may skip it).
+    return Record(name, b"".join(lines).decode("latin-1"))
 
 
 def scan_fasta(path: str | os.PathLike) -> Iterator[tuple[Record, int, int]]:
@@ -59,17 +57,17 @@ def scan_fasta(path: str | os.PathLike) -> Iterator[tuple[Record, int, int]]:
     """
     path = Path(path)
     name: str | None = None
-    header_line = start = offset = 0
+    start = offset = 0
     lines: list[bytes] = []
     with _open_binary(path) as handle:
         for line_no, line in enumerate(handle, start=1):
             if line.startswith(b">"):
                 if name is not None:
-                    yield _finish_record(path, name, header_line, lines), start, offset
+                    yield _finish_record(lines, name), start, offset
                 words = line[1:].split()
                 if not words:
                     raise DataError(f"{path}, line {line_no}: the '>' header has no record name")
-                name, header_line, lines = words[0].decode("utf-8", "replace"), line_no, []
+                name, lines = words[0].decode("utf-8", "replace"), []
                 start = offset + len(line)
             elif line.strip():
                 if name is None:
@@ -77,7 +75,7 @@ def scan_fasta(path: str | os.PathLike) -> Iterator[tuple[Record, int, int]]:
                 lines.append(b"".join(line.split()))
             offset += len(line)
     if name is not None:
-        yield _finish_record(path, name, header_line, lines), start, offset
+        yield _finish_record(lines, name), start, offset
 
 
 def iter_fasta(path: str | os.PathLike) -> Iterator[Record]:

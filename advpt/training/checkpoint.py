@@ -10,11 +10,17 @@ Layout under ``<run_dir>/checkpoints/``::
 ``latest`` is replaced atomically only after every rank has finished writing, so a save that was
 interrupted is never taken for a complete one. DeepSpeed's own per-engine ``latest`` files are
 not written.
+
+DeepSpeed unpickles its checkpoint files with ``weights_only=False``, which would run any code a
+crafted file carries. Every file of a checkpoint is therefore first opened with PyTorch's
+``weights_only`` loader (tensors and plain containers only), and a file that needs anything
+else is refused before DeepSpeed sees it.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -84,11 +90,31 @@ def latest_tag(root: Path) -> str | None:
     return marker.read_text().strip() if marker.is_file() else None
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint that advpt will not load."""
+
+
+def verify_weights_only(directory: Path) -> None:
+    """Raise ``CheckpointError`` unless every ``*.pt`` file under ``directory`` is plain data."""
+    for file in sorted(directory.rglob("*.pt")):
+        try:
+            torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except pickle.UnpicklingError as exc:
+            reason = str(exc).strip().splitlines()[0]
+            raise CheckpointError(
+                f"checkpoint file {file} holds more than tensors and plain data, so advpt will "
+                f"not unpickle it ({reason})"
+            ) from None
+
+
 def load_checkpoint(
     root: Path, tag: str, engines: dict[str, deepspeed.DeepSpeedEngine]
 ) -> dict[str, Any]:
     """Restore every engine and this rank's RNG from ``tag``; returns the trainer state."""
     trainer_state: dict[str, Any] | None = None
+    for name in engines:
+        verify_weights_only(root / name / tag)
+    verify_weights_only(root / "rng" / tag)
     for name, engine in engines.items():
         path, client_state = engine.load_checkpoint(str(root / name), tag=tag)
         if path is None:

@@ -8,6 +8,7 @@ frozen at initialize is excluded for good under ZeRO-3, so everything starts tra
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Callable
@@ -15,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import deepspeed
+import pydantic
 import torch
 import torch.nn as nn
+from deepspeed.runtime.config import DeepSpeedConfig
 from torch.optim.lr_scheduler import LambdaLR
 
 from advpt.config import ConfigError
@@ -54,11 +57,28 @@ def load_ds_config(path: str, tensorboard_dir: Path, job_name: str) -> dict[str,
             f"DeepSpeed config {path}: train_batch_size {total} is not a multiple of "
             f"train_micro_batch_size_per_gpu {micro} x world size {world}"
         )
+    _check_with_deepspeed(path, config)
     board = config.get("tensorboard")
     if isinstance(board, dict) and board.get("enabled"):
         board.setdefault("output_path", str(tensorboard_dir / "deepspeed"))
         board.setdefault("job_name", job_name)
     return config
+
+
+def _check_with_deepspeed(path: str, config: dict[str, Any]) -> None:
+    """Let DeepSpeed parse the config now, turning its validation errors into one sentence."""
+    try:
+        DeepSpeedConfig(copy.deepcopy(config))
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ConfigError(
+            f"DeepSpeed config {path} is rejected by DeepSpeed: {exc.title} key {where!r}: "
+            f"{first['msg']}"
+        ) from None
+    except (AssertionError, ValueError, KeyError, TypeError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"DeepSpeed config {path} is rejected by DeepSpeed: {reason}") from None
 
 
 def parameter_groups(model: nn.Module) -> list[dict[str, Any]]:
@@ -78,6 +98,40 @@ def warmup_linear_decay(warmup_steps: int, total_steps: int) -> Callable[[int], 
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
 
     return factor
+
+
+class NonFiniteStepGuard:
+    """A plain optimizer that skips steps whose gradients are not finite.
+
+    DeepSpeed's ZeRO and bf16/fp16 optimizers already skip such steps and report it through
+    their ``overflow`` attribute, which the engine reads to count ``skipped_steps`` and to hold
+    the LR schedule back. A plain fp32 optimizer (ZeRO stage 0) has no such check: without this
+    guard one NaN batch would write NaN into every weight and Adam moment. The check costs one
+    host sync per optimizer step, as DeepSpeed's own does.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer = optimizer
+        self.overflow = False
+
+    def _grads(self) -> list[torch.Tensor]:
+        return [
+            p.grad for group in self.optimizer.param_groups for p in group["params"]
+            if p.grad is not None
+        ]  # fmt: skip
+
+    def step(self, closure=None):
+        grads = self._grads()
+        norms = torch._foreach_norm(grads) if grads else []
+        self.overflow = bool(norms) and not bool(torch.isfinite(torch.stack(norms)).all())
+        if self.overflow:
+            for grad in grads:
+                grad.zero_()
+            return None
+        return self.optimizer.step(closure)
+
+    def __getattr__(self, name: str):
+        return getattr(self.optimizer, name)
 
 
 def build_engine(
@@ -103,6 +157,8 @@ def build_engine(
         config=config,
         lr_scheduler=schedule,
     )
+    if engine.optimizer is engine.basic_optimizer:
+        engine.optimizer = NonFiniteStepGuard(engine.optimizer)
     return engine
 
 

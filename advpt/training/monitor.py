@@ -137,14 +137,19 @@ class MetricsWriter:
         self.jsonl = self.jsonl_path.open("w" if resume_step is None else "a")
 
     def _truncate_after(self, step: int) -> None:
-        """Drop lines logged after the checkpoint a resumed run restarts from."""
+        """Drop lines logged after the checkpoint a resumed run restarts from.
+
+        A run killed while writing may have left a partial last line; it is dropped too.
+        """
         if not self.jsonl_path.exists():
             return
-        kept = [
-            line
-            for line in self.jsonl_path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step
-        ]
+        kept = []
+        for line in self.jsonl_path.read_text().splitlines():
+            try:
+                if json.loads(line).get("step", 0) <= step:
+                    kept.append(line)
+            except json.JSONDecodeError:
+                continue
         tmp = self.jsonl_path.with_suffix(".tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         tmp.replace(self.jsonl_path)

@@ -11,6 +11,7 @@ backpropagates ``-loss`` to maximise the MLM loss. In an encoder step the noiser
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,10 @@ from advpt.training import checkpoint
 from advpt.training.engines import current_lr
 from advpt.training.monitor import MetricsAccumulator, MetricsWriter
 from advpt.training.schedule import ENCODER, NOISER, AlternatingSchedule, batch_growth
+
+
+class NonFiniteError(RuntimeError):
+    """An engine skipped too many non-finite steps in a row; the last good state was saved."""
 
 
 @dataclass
@@ -69,6 +74,7 @@ class Trainer:
         self.is_main = not dist.is_initialized() or dist.get_rank() == 0
         self.metrics = MetricsAccumulator(device)
         self._logging_step = False
+        self._skipped_in_a_row = {name: 0 for name in self.engines}
         self._grad_norms: dict[str, torch.Tensor] = {}
 
     @property
@@ -172,7 +178,7 @@ class Trainer:
             if engine.train_batch_size() != target:
                 engine.set_train_batch_size(target)
 
-    def _optimizer_step(self, data) -> None:
+    def _optimizer_step(self, data: Iterator[Batch]) -> None:
         """One optimizer step of the current phase: a full accumulation window of micro-steps."""
         phase = self.schedule.phase
         engine = self.noiser if phase == NOISER else self.encoder
@@ -187,6 +193,25 @@ class Trainer:
         else:
             self.counters.encoder_step += 1
         self.schedule.advance()
+        self._check_step_applied(phase, engine)
+
+    def _check_step_applied(self, name: str, engine: deepspeed.DeepSpeedEngine) -> None:
+        """Count non-finite (skipped) steps in a row; too many saves the last good state and stops.
+
+        A skipped step leaves the weights as they were, so the checkpoint is the last good state.
+        """
+        if engine.was_step_applied():
+            self._skipped_in_a_row[name] = 0
+            return
+        self._skipped_in_a_row[name] += 1
+        limit = self.config.run.max_skipped_in_a_row
+        if self._skipped_in_a_row[name] >= limit:
+            self.save()
+            raise NonFiniteError(
+                f"the {name} had non-finite losses or gradients in {limit} optimizer steps in a "
+                f"row (encoder step {self.counters.encoder_step}); the last good state is saved "
+                f"in {self.checkpoints}"
+            )
 
     def trainer_state(self) -> dict[str, Any]:
         return {
@@ -235,23 +260,34 @@ class Trainer:
         )
         last: dict[str, Any] = {}
         self.metrics = MetricsAccumulator(self.device)
-        while self.counters.encoder_step < stop_at:
-            self._apply_batch_growth()
-            encoder_before = self.counters.encoder_step
-            self._optimizer_step(data)
-            if self.counters.step % cfg.run.log_every == 0:
-                last = self._log(writer, progress)
-            if self.counters.encoder_step == encoder_before:
-                continue
-            progress.update(1)
-            step = self.counters.encoder_step
-            if (cfg.run.eval_every and step % cfg.run.eval_every == 0) or step == stop_at:
-                last.update(self._evaluate(writer))
-            if step % cfg.run.checkpoint_every == 0 or step == stop_at:
-                self.save()
-        progress.close()
-        writer.close()
+        try:
+            while self.counters.encoder_step < stop_at:
+                last = self._train_step(data, writer, progress, stop_at) or last
+        finally:
+            progress.close()
+            writer.close()
         return last
+
+    def _train_step(
+        self, data: Iterator[Batch], writer: MetricsWriter, progress: tqdm, stop_at: int
+    ) -> dict[str, Any] | None:
+        """One optimizer step, then whatever logging, validation and saving falls due."""
+        cfg = self.config
+        self._apply_batch_growth()
+        encoder_before = self.counters.encoder_step
+        self._optimizer_step(data)
+        record = None
+        if self.counters.step % cfg.run.log_every == 0:
+            record = self._log(writer, progress)
+        if self.counters.encoder_step == encoder_before:
+            return record
+        progress.update(1)
+        step = self.counters.encoder_step
+        if (cfg.run.eval_every and step % cfg.run.eval_every == 0) or step == stop_at:
+            record = {**(record or {}), **self._evaluate(writer)}
+        if step % cfg.run.checkpoint_every == 0 or step == stop_at:
+            self.save()
+        return record
 
     def _log(self, writer: MetricsWriter, progress: tqdm) -> dict[str, Any]:
         record: dict[str, Any] = {
@@ -264,6 +300,7 @@ class Trainer:
         for name, engine in self.engines.items():
             record[f"{name}_lr"] = current_lr(engine)
             record[f"{name}_batch_size"] = engine.train_batch_size()
+            record[f"{name}_skipped_steps"] = engine.skipped_steps
             norm = engine.get_global_grad_norm()
             if norm is None and name in self._grad_norms:
                 norm = self._grad_norms.pop(name)

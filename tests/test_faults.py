@@ -1,0 +1,198 @@
+"""Bad input, crafted files, kills at random moments and a dying rank (real processes)."""
+
+import json
+import os
+import pickle
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lmdb
+import psutil
+import pytest
+import torch
+
+from advpt.train import main
+from tests.helpers import REPO, read_metrics, run_module, tiny_run_args, write_ds_config
+
+
+def _fasta(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def _lmdb_without_count(path: Path) -> str:
+    env = lmdb.open(str(path), map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        txn.put(b"0", pickle.dumps({"primary": "MKT"}))
+    env.close()
+    return str(path)
+
+
+BAD_DATA = {
+    "invalid residue": (lambda d: _fasta(d / "x.fasta", ">a\nMKT\n>b\nMK1\n"), "record 'b'"),
+    "missing path": (lambda d: str(d / "nowhere.fasta"), "does not exist"),
+    "empty file": (lambda d: _fasta(d / "empty.fasta", ""), "holds no usable records"),
+    "malformed json": (lambda d: _fasta(d / "x.json", "[{"), "x.json is not valid JSON"),
+    "lmdb without count": (lambda d: _lmdb_without_count(d / "x.lmdb"), "num_examples"),
+    "orphan sequence line": (lambda d: _fasta(d / "o.fasta", "MKT\n>a\nMK\n"), "line 1"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_DATA)
+def test_bad_data_is_one_sentence_and_writes_nothing(tmp_path, distributed, capsys, case):
+    make, expected = BAD_DATA[case]
+    data = make(tmp_path)
+    run_dir = tmp_path / "run"
+    code = main(tiny_run_args(tmp_path, run_dir) + ["--data", data, "--max_steps", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err[-1].startswith("advpt: error: ") and expected in err[-1]
+    assert Path(data).name in err[-1] or case == "lmdb without count"
+    assert "Traceback" not in "\n".join(err)
+    assert not run_dir.exists()
+
+
+def test_bad_deepspeed_json_is_one_sentence(tmp_path, distributed, capsys):
+    args = tiny_run_args(tmp_path, tmp_path / "run") + ["--max_steps", "1"]
+    Path(args[1]).write_text("{not json")
+    assert main(args) == 2
+    assert "encoder.json is not valid JSON" in capsys.readouterr().err
+    write_ds_config(Path(args[1]), zero_optimization={"stage": 1, "overlap_comms": True})
+    assert main(args) == 2
+    assert "rejected by DeepSpeed: DeepSpeedZeroConfig key 'overlap_comms'" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_skip_bad_records_trains_on_the_rest(tmp_path):
+    good = "".join(f">p{i}\n{'MKTAYIAKQRQISFVKSHFSRQ' * 3}\n" for i in range(40))
+    data = _fasta(tmp_path / "mixed.fasta", good + ">broken\nMK#T\n>empty\n")
+    args = tiny_run_args(tmp_path, tmp_path / "run") + ["--data", data, "--max_steps", "2"]
+    refused = run_module(args)
+    assert refused.returncode == 2 and "record 'broken'" in refused.stderr
+    done = run_module(args + ["--skip_bad_records"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "skipped 2 bad record(s)" in done.stderr
+
+
+class _RunsCode:
+    """Unpickling this creates ``marker``: what a crafted checkpoint would do."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_crafted_checkpoint_is_refused_without_running_it(tmp_path):
+    run_dir = tmp_path / "run"
+    args = tiny_run_args(tmp_path, run_dir) + ["--max_steps", "4", "--checkpoint_every", "2"]
+    first = run_module(args + ["--stop_after_steps", "2"])
+    assert first.returncode == 0, first.stderr[-2000:]
+    marker = tmp_path / "pwned"
+    states = run_dir / "checkpoints" / "encoder" / "step00000002" / "mp_rank_00_model_states.pt"
+    torch.save({"module": _RunsCode(marker)}, states)
+    resumed = run_module(args + ["--resume"])
+    assert resumed.returncode == 3
+    assert "mp_rank_00_model_states.pt holds more than tensors and plain data" in resumed.stderr
+    assert not marker.exists()
+
+
+def _run_with_kills(args: list[str], kills: int, rng: random.Random) -> int:
+    """Run to completion, SIGKILLing it ``kills`` times at random moments; returns kills made."""
+    made = 0
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+        env.pop(key, None)
+    env.pop("MASTER_PORT", None)
+    while True:
+        command = [sys.executable, "-m", "advpt.train", *args, "--resume"]
+        process = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.DEVNULL)
+        if made < kills:
+            try:
+                process.wait(timeout=rng.uniform(4.0, 14.0))
+            except subprocess.TimeoutExpired:
+                for child in psutil.Process(process.pid).children(recursive=True):
+                    child.kill()
+                process.kill()
+                process.wait()
+                made += 1
+                continue
+        assert process.wait(timeout=600) == 0
+        return made
+
+
+@pytest.mark.slow
+def test_killed_at_random_moments_then_resumed_matches_an_uninterrupted_run(tmp_path):
+    schedule = [
+        "--max_steps", "30", "--noiser_steps", "3", "--encoder_steps", "4", "--log_every", "1",
+        "--eval_every", "10", "--checkpoint_every", "3", "--keep_checkpoints", "2",
+        "--num_workers", "1",
+    ]  # fmt: skip
+    whole = tmp_path / "whole"
+    done = run_module(tiny_run_args(tmp_path, whole) + schedule)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    seed = random.randrange(10**6)
+    killed = tmp_path / "killed"
+    made = _run_with_kills(tiny_run_args(tmp_path, killed) + schedule, 2, random.Random(seed))
+    assert made >= 1, f"no kill landed (seed {seed})"
+    timing = {"tokens_per_s", "val_seconds"}
+    strip = [{k: v for k, v in r.items() if k not in timing} for r in read_metrics(whole)]
+    got = [{k: v for k, v in r.items() if k not in timing} for r in read_metrics(killed)]
+    assert got == strip, f"kill seed {seed}"
+    tags = sorted(p.name for p in (killed / "checkpoints" / "rng").iterdir())
+    assert len(tags) == 2  # keep_checkpoints
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_one_rank_dying_ends_the_whole_job(tmp_path):
+    launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent))
+    args = tiny_run_args(tmp_path, tmp_path / "dp", world=2) + [
+        "--max_steps", "100000", "--log_every", "1", "--num_workers", "0",
+    ]  # fmt: skip
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    job = subprocess.Popen(
+        [launcher, "--num_gpus", "2", "--master_port", str(_free_port()), "advpt/train.py", *args],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    metrics = tmp_path / "dp" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while not (metrics.exists() and metrics.stat().st_size) and time.time() < deadline:
+        time.sleep(0.5)
+    ranks = [
+        p for p in psutil.Process(job.pid).children(recursive=True)
+        if "advpt/train.py" in " ".join(p.cmdline())
+    ]  # fmt: skip
+    victim = next(p for p in ranks if "--local_rank=1" in " ".join(p.cmdline()))
+    killed_at = time.time()
+    os.kill(victim.pid, signal.SIGKILL)
+    output, _ = job.communicate(timeout=120)
+    assert job.returncode != 0
+    assert time.time() - killed_at < 60
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks)
+    assert "exits with return code" in output or "Killing subprocess" in output
+
+
+def test_metrics_of_a_resumed_run_drop_a_torn_last_line(tmp_path):
+    from advpt.training.monitor import MetricsWriter
+
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"step": 1, "x": 1}) + "\n" + json.dumps({"step": 2}) + "\n" + '{"step": 3, "x'
+    )
+    MetricsWriter(tmp_path, enabled=True, resume_step=2).close()
+    assert read_metrics(tmp_path) == [{"step": 1, "x": 1}, {"step": 2}]
