@@ -1,0 +1,403 @@
+"""Fine-tune a pre-trained encoder on one TAPE task and score it as the paper's Table 2 does.
+
+    python -m advpt.finetune --task secondary_structure --data_dir data/tape --pretrained RUN
+    deepspeed advpt/finetune.py --deepspeed_config ds_configs/finetune.json --task ... (GPUs)
+
+``--pretrained`` is an advpt run directory, an ``advpt.export`` directory, a TAPE
+``save_pretrained`` directory, or ``none`` (random init of ``--encoder``). The model is the
+encoder plus TAPE's head for the task, trained end to end in one DeepSpeed engine with a
+warmup + linear-decay schedule. The validation split is scored every ``--eval_every`` steps
+(default: once per epoch); training stops after ``--patience`` scores without improvement, and
+the test splits are scored with the weights of the best validation score.
+
+Writes to ``--run_dir``: ``config.json`` (these settings), ``ds_config.json`` (the DeepSpeed
+config after ``--lr``/``--weight_decay``/``--batch_size``), ``metrics.jsonl`` and TensorBoard
+scalars per evaluation, and ``results.json`` (every split's metrics at the best checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The launcher runs this file as a script; make the package importable from a source checkout.
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from advpt.config import ConfigError, _parse_bool  # noqa: E402
+from advpt.data.batching import LengthBucketedBatches  # noqa: E402
+from advpt.data.readers import DataError  # noqa: E402
+from advpt.data.tape_tasks import (  # noqa: E402
+    SS_LABELS,
+    TASKS,
+    TRAIN,
+    VALID,
+    TaskSpec,
+    TaskSplit,
+    collate,
+    read_split,
+    score,
+    task_spec,
+)
+from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, ProteinEncoder  # noqa: E402
+from advpt.models.heads import (  # noqa: E402
+    IGNORE_LABEL,
+    PER_RESIDUE,
+    POOLINGS,
+    REGRESSION,
+    HeadConfig,
+    TaskModel,
+)
+from advpt.models.pretrained import CheckpointError, load_encoder  # noqa: E402
+from advpt.train import init_distributed  # noqa: E402
+from advpt.training.engines import build_engine, current_lr, load_ds_config  # noqa: E402
+from advpt.training.monitor import MetricsWriter  # noqa: E402
+
+
+def _flag(default: Any, help: str, kind: type | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "type": kind or type(default)})
+
+
+@dataclass
+class FinetuneConfig:
+    """Every field is a flag of the same name; defaults follow TAPE where TAPE has one."""
+
+    task: str = _flag("secondary_structure", " | ".join(TASKS))
+    data_dir: str = _flag("data/tape", "TAPE data root holding <task>/<task>_<split>.lmdb|json")
+    pretrained: str = _flag("none", "advpt run dir, advpt export dir, TAPE dir, or none")
+    encoder: str = _flag(
+        "tape-base", "preset for --pretrained none: " + " | ".join(ENCODER_PRESETS)
+    )
+    run_dir: str = _flag("", "output directory (default: runs/finetune/<task>)")
+    deepspeed_config: str = _flag("ds_configs/finetune_cpu.json", "DeepSpeed JSON")
+    lr: float | None = _flag(None, "peak learning rate (default: the JSON's)", float)
+    weight_decay: float | None = _flag(None, "AdamW weight decay (default: the JSON's)", float)
+    batch_size: int | None = _flag(None, "global batch size (default: the JSON's)", int)
+    epochs: int = _flag(10, "passes over the training split (TAPE: 10)")
+    max_steps: int = _flag(0, "stop after this many optimizer steps; 0 = epochs decide")
+    warmup_fraction: float = _flag(0.1, "share of the steps with a linear LR warmup")
+    eval_every: int = _flag(0, "optimizer steps between validation scores; 0 = once per epoch")
+    patience: int = _flag(3, "stop after this many validation scores without improvement")
+    pooling: str = _flag("mean", "sequence representation: " + " | ".join(POOLINGS))
+    head_hidden_size: int = _flag(HeadConfig.hidden_size, "width of TAPE's MLP / conv head")
+    head_dropout: float = _flag(HeadConfig.dropout, "dropout inside the head (TAPE: 0)")
+    ss_label: str = _flag("ss3", "secondary structure labels: " + " | ".join(SS_LABELS))
+    use_valid_mask: bool = _flag(False, "secondary structure: leave residues whose valid_mask "
+                                 "is false unscored (TAPE scores all)")  # fmt: skip
+    seed: int = _flag(0, "seeds the head, the batch order and dropout")
+
+    def validate(self) -> None:
+        checks = [
+            (self.task in TASKS, f"task must be one of {', '.join(TASKS)}"),
+            (self.ss_label in SS_LABELS, f"ss_label must be one of {', '.join(SS_LABELS)}"),
+            (self.pretrained != "none" or self.encoder in ENCODER_PRESETS,
+             f"unknown encoder preset {self.encoder!r}; choose one of "
+             f"{', '.join(ENCODER_PRESETS)}"),
+            (self.pooling in POOLINGS, f"pooling must be one of {', '.join(POOLINGS)}"),
+            (self.epochs > 0, "epochs must be positive"),
+            (self.max_steps >= 0, "max_steps must be >= 0"),
+            (0.0 <= self.warmup_fraction < 1.0, "warmup_fraction must be in [0, 1)"),
+            (self.eval_every >= 0, "eval_every must be >= 0"),
+            (self.patience > 0, "patience must be positive"),
+            (self.batch_size is None or self.batch_size > 0, "batch_size must be positive"),
+        ]  # fmt: skip
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+    @property
+    def head(self) -> HeadConfig:
+        return HeadConfig(self.head_hidden_size, self.head_dropout, self.pooling)
+
+
+def parse_args(argv: list[str] | None = None) -> FinetuneConfig:
+    parser = argparse.ArgumentParser(
+        description="Fine-tune a pre-trained encoder on a TAPE task.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
+    for f in dataclasses.fields(FinetuneConfig):
+        kind = f.metadata["type"]
+        # a bare boolean flag means true, as in advpt.train
+        switch = {"type": _parse_bool, "nargs": "?", "const": True} if kind is bool else {}
+        parser.add_argument(
+            f"--{f.name}", **({"type": kind} | switch), default=f.default, help=f.metadata["help"]
+        )
+    args = vars(parser.parse_args(argv))
+    args.pop("local_rank")
+    config = FinetuneConfig(**args)
+    config.run_dir = config.run_dir or str(Path("runs", "finetune", config.task))
+    config.validate()
+    return config
+
+
+def resolve_ds_config(config: FinetuneConfig, run_dir: Path) -> dict[str, Any]:
+    """The DeepSpeed JSON with ``--lr``, ``--weight_decay`` and ``--batch_size`` applied.
+
+    The global batch is split into the largest micro-batch (up to the JSON's) that divides it
+    evenly over the ranks, times gradient accumulation, so every batch size of a sweep runs on
+    any number of GPUs.
+    """
+    ds = load_ds_config(config.deepspeed_config, run_dir / "tensorboard", "finetune")
+    if ds.get("zero_optimization", {}).get("stage", 0) > 2:
+        raise ConfigError(
+            f"DeepSpeed config {config.deepspeed_config}: fine-tuning supports ZeRO stages 0-2 "
+            "(it keeps a full copy of the best-validation weights)"
+        )
+    params = ds.get("optimizer", {}).get("params")
+    if params is None:
+        raise ConfigError(f"DeepSpeed config {config.deepspeed_config} has no optimizer params")
+    if config.lr is not None:
+        params["lr"] = config.lr
+    if config.weight_decay is not None:
+        params["weight_decay"] = config.weight_decay
+    world = dist.get_world_size()
+    micro_limit = ds["train_micro_batch_size_per_gpu"]
+    batch = config.batch_size or ds.get("train_batch_size") or micro_limit * world
+    if batch % world:
+        raise ConfigError(f"batch size {batch} is not a multiple of the world size {world}")
+    per_rank = batch // world
+    micro = max(m for m in range(1, min(micro_limit, per_rank) + 1) if per_rank % m == 0)
+    ds.update(
+        train_batch_size=batch,
+        train_micro_batch_size_per_gpu=micro,
+        gradient_accumulation_steps=per_rank // micro,
+    )
+    return ds
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def _predictions(kind: str, outputs: torch.Tensor, targets: torch.Tensor) -> tuple[Any, Any]:
+    """Aligned 1-D (prediction, target) arrays of the scored items of one batch."""
+    if kind == REGRESSION:
+        return outputs.cpu().numpy(), targets.cpu().numpy()
+    predicted = outputs.argmax(-1)
+    if kind == PER_RESIDUE:
+        scored = targets != IGNORE_LABEL
+        predicted, targets = predicted[scored], targets[scored]
+    return predicted.cpu().numpy(), targets.cpu().numpy()
+
+
+@torch.no_grad()
+def evaluate(
+    model: TaskModel, split: TaskSplit, batches: list[list[int]], kind: str, device: torch.device
+) -> dict[str, float]:
+    """Metrics of ``model`` on ``split``; each rank scores its ``batches``, then all gather."""
+    model.eval()
+    predictions, targets, loss_sum = [], [], 0.0
+    for indices in batches:
+        batch = collate(split, indices, kind).to(device)
+        out = model(batch.tokens, batch.valid, batch.targets)
+        predicted, target = _predictions(kind, out.outputs, batch.targets)
+        predictions.append(predicted)
+        targets.append(target)
+        loss_sum += float(out.loss) * len(target)  # the loss is a mean over scored items
+    model.train()
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, (predictions, targets, loss_sum))
+    predicted = np.concatenate([p for part in parts for p in part[0]])
+    target = np.concatenate([t for part in parts for t in part[1]])
+    total_loss = sum(part[2] for part in parts)
+    return {
+        **score(kind, predicted, target),
+        "loss": total_loss / len(target),
+        "count": len(target),
+    }
+
+
+# ----------------------------------------------------------------------------- fine-tuning
+
+
+def build_encoder(config: FinetuneConfig) -> ProteinEncoder:
+    """The pre-trained encoder, or a freshly initialised one (as pre-training starts) for none."""
+    if config.pretrained == "none":
+        return MaskedLanguageModel(ENCODER_PRESETS[config.encoder]).encoder
+    return load_encoder(config.pretrained)
+
+
+class Finetuner:
+    """Data, model and engine for one fine-tuning run, and the loop with early stopping."""
+
+    def __init__(self, config: FinetuneConfig, device: torch.device):
+        self.config = config
+        self.device = device
+        self.run_dir = Path(config.run_dir)
+        self.is_main = dist.get_rank() == 0
+        self.spec: TaskSpec = task_spec(config.task, config.ss_label)
+        self.ds_config = resolve_ds_config(config, self.run_dir)
+        torch.manual_seed(config.seed)
+        encoder = build_encoder(config)
+        self.splits = {
+            name: read_split(
+                config.data_dir, self.spec, name, encoder.cfg.max_positions, config.use_valid_mask
+            )
+            for name in self.spec.splits
+        }
+        rank, world = dist.get_rank(), dist.get_world_size()
+        micro = self.ds_config["train_micro_batch_size_per_gpu"]
+        self.train_batches = LengthBucketedBatches(
+            self.splits[TRAIN].token_lengths, micro, rank=rank, world_size=world, seed=config.seed
+        )
+        self.eval_batches = {
+            name: LengthBucketedBatches(
+                split.token_lengths, micro, rank=rank, world_size=world, shuffle=False,
+                drop_last=False,
+            ).epoch_batches(0)
+            for name, split in self.splits.items()
+        }  # fmt: skip
+        accumulation = self.ds_config["gradient_accumulation_steps"]
+        self.steps_per_epoch = self.train_batches.batches_per_epoch() // accumulation
+        if self.steps_per_epoch == 0:
+            raise ConfigError(
+                f"the {len(self.splits[TRAIN])} training proteins make less than one batch of "
+                f"{self.ds_config['train_batch_size']}; lower --batch_size"
+            )
+        self.total_steps = config.epochs * self.steps_per_epoch
+        if config.max_steps:
+            self.total_steps = min(self.total_steps, config.max_steps)
+        self.eval_every = config.eval_every or self.steps_per_epoch
+        model = TaskModel(encoder, self.spec.kind, self.spec.num_labels, config.head)
+        warmup = round(config.warmup_fraction * self.total_steps)
+        self.engine = build_engine(model, self.ds_config, warmup, self.total_steps)
+
+    def _evaluate(self, split: str) -> dict[str, float]:
+        return evaluate(
+            self.engine.module, self.splits[split], self.eval_batches[split], self.spec.kind,
+            self.device,
+        )  # fmt: skip
+
+    def _train_stream(self):
+        """Endless micro-batches: epoch after epoch of length-bucketed, shuffled batches."""
+        for epoch in itertools.count():
+            for indices in self.train_batches.epoch_batches(epoch):
+                yield collate(self.splits[TRAIN], indices, self.spec.kind).to(self.device)
+
+    def _optimizer_step(self, stream) -> torch.Tensor:
+        """One optimizer step: a full accumulation window; returns the mean micro-batch loss."""
+        losses = []
+        for _ in range(self.engine.gradient_accumulation_steps()):
+            batch = next(stream)
+            out = self.engine(batch.tokens, batch.valid, batch.targets)
+            self.engine.backward(out.loss)
+            self.engine.step()
+            losses.append(out.loss.detach())
+        return torch.stack(losses).mean()
+
+    def train(self) -> dict[str, Any]:
+        """Train with early stopping on validation; score every split at the best step."""
+        metric = self.spec.metric
+        writer = MetricsWriter(self.run_dir, self.is_main)
+        stream = self._train_stream()
+        progress = tqdm(
+            total=self.total_steps, desc=f"fine-tuning {self.spec.name}", unit="step",
+            disable=not self.is_main, dynamic_ncols=True,
+        )  # fmt: skip
+        best: dict[str, Any] = {"score": -math.inf, "step": 0, "state": None}
+        stale, step, losses = 0, 0, []
+        self.engine.module.train()
+        while step < self.total_steps and stale < self.config.patience:
+            losses.append(self._optimizer_step(stream))
+            step += 1
+            progress.update(1)
+            if step % self.eval_every and step != self.total_steps:
+                continue
+            valid = self._evaluate(VALID)
+            record = {
+                "epoch": step / self.steps_per_epoch,
+                "train_loss": float(torch.stack(losses).mean()),
+                "lr": current_lr(self.engine),
+                **{f"valid_{name}": value for name, value in valid.items()},
+            }
+            losses = []
+            if valid[metric] > best["score"]:
+                state = self.engine.module.state_dict()
+                best = {"score": valid[metric], "step": step, "state": _cpu_copy(state)}
+                stale = 0
+            else:
+                stale += 1
+            writer.write(step, {**record, "best_step": best["step"]})
+            progress.set_postfix({f"valid_{metric}": f"{valid[metric]:.4f}"})
+        progress.close()
+        self.engine.module.load_state_dict(best["state"])
+        results = {
+            "task": self.spec.name,
+            "label": self.spec.label,
+            "metric": metric,
+            "pretrained": self.config.pretrained,
+            "seed": self.config.seed,
+            "lr": self.ds_config["optimizer"]["params"]["lr"],
+            "weight_decay": self.ds_config["optimizer"]["params"]["weight_decay"],
+            "batch_size": self.ds_config["train_batch_size"],
+            "steps": step,
+            "best_step": best["step"],
+            "stopped_early": step < self.total_steps,
+            "splits": {name: self._evaluate(name) for name in self.splits if name != TRAIN},
+        }
+        final = {f"{s}_{k}": v for s, m in results["splits"].items() for k, v in m.items()}
+        writer.write(step, {"final": True, **final})
+        writer.close()
+        return results
+
+
+def _cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}
+
+
+def run_finetune(config: FinetuneConfig, device: torch.device) -> dict[str, Any]:
+    """One fine-tuning run in an initialised process group; rank 0 writes the run directory."""
+    finetuner = Finetuner(config, device)
+    run_dir = Path(config.run_dir)
+    if finetuner.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
+        (run_dir / "ds_config.json").write_text(json.dumps(finetuner.ds_config, indent=2))
+    results = finetuner.train()
+    if finetuner.is_main:
+        (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def _summary(results: dict[str, Any]) -> str:
+    metric = results["metric"]
+    lines = [f"{results['task']} ({results['label']}), best step {results['best_step']}:"]
+    for split, metrics in results["splits"].items():
+        lines.append(f"  {split:<26} {metric} {metrics[metric]:.4f}  (n={metrics['count']})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config = parse_args(argv)
+        if (Path(config.run_dir) / "results.json").exists():
+            raise ConfigError(
+                f"run directory {config.run_dir} already holds results; choose another --run_dir"
+            )
+        device = init_distributed()
+        results = run_finetune(config, device)
+    except (ConfigError, DataError, CheckpointError) as exc:
+        print(f"advpt: error: {exc}", file=sys.stderr)
+        return 2
+    if dist.get_rank() == 0:
+        print(_summary(results))
+        print(f"results:         {Path(config.run_dir) / 'results.json'}")
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""Pre-trained encoders in and out: advpt runs, advpt exports and TAPE checkpoints.
+
+:func:`load_encoder` takes any of three directories and returns a fp32 :class:`ProteinEncoder`:
+
+* an advpt pre-training run (``config.json`` + ``checkpoints/latest``): the newest complete
+  checkpoint of the ``MaskedLanguageModel`` engine, consolidated to fp32 for any ZeRO stage and
+  any number of ranks it was written with;
+* an advpt export (``config.json`` + ``model.safetensors``, written by ``advpt.export``), which
+  loads with torch and safetensors alone, no DeepSpeed;
+* a TAPE ``ProteinBertModel.save_pretrained`` directory (``config.json`` + ``pytorch_model.bin``).
+
+TAPE's BERT differs from advpt's encoder only in layout: separate query/key/value projections
+(advpt fuses them into ``qkv`` in q|k|v order) and a token-type table whose row 0 TAPE adds at
+every position (advpt folds it into the position table). The hidden states are identical.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from advpt.models.encoder import ENCODER_PRESETS, EncoderConfig, MaskedLanguageModel, ProteinEncoder
+
+EXPORT_FORMAT = "advpt-encoder"
+CONFIG_FILE = "config.json"
+EXPORT_WEIGHTS = "model.safetensors"
+TAPE_WEIGHTS = "pytorch_model.bin"
+
+State = dict[str, torch.Tensor]
+
+
+class CheckpointError(ValueError):
+    """A pre-trained encoder directory that is missing, incomplete or of an unknown kind."""
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        content = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"cannot read {path}: {err}") from None
+    if not isinstance(content, dict):
+        raise CheckpointError(f"{path} must hold a JSON object")
+    return content
+
+
+def _build(cfg: EncoderConfig, state: State, source: Path) -> ProteinEncoder:
+    """A fp32 encoder holding ``state``; a missing or misshapen tensor names ``source``."""
+    encoder = ProteinEncoder(cfg)
+    try:
+        encoder.load_state_dict({name: t.float() for name, t in state.items()})
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()
+        detail = first[1].strip() if len(first) > 1 else first[0]
+        raise CheckpointError(f"{source} does not fit the encoder it describes: {detail}") from None
+    return encoder.eval()
+
+
+def load_encoder(path: str | Path) -> ProteinEncoder:
+    """The encoder saved in ``path``: an advpt run directory, an advpt export or a TAPE model."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"pre-trained encoder {root} is not a directory")
+    if (root / "checkpoints").is_dir():
+        return _from_run_dir(root)
+    if (root / EXPORT_WEIGHTS).is_file():
+        return load_export(root)
+    if (root / TAPE_WEIGHTS).is_file():
+        return load_tape(root)
+    raise CheckpointError(
+        f"{root} is none of: an advpt run directory (checkpoints/), an advpt export "
+        f"({EXPORT_WEIGHTS}) or a TAPE save_pretrained directory ({TAPE_WEIGHTS})"
+    )
+
+
+# ----------------------------------------------------------------------------- advpt runs
+
+
+def _from_run_dir(run_dir: Path) -> ProteinEncoder:
+    """The newest complete checkpoint of a pre-training run, as a fp32 encoder."""
+    # DeepSpeed is needed for run directories only, so that exports load without it.
+    from advpt.training.checkpoint import latest_tag
+
+    preset = _read_json(run_dir / CONFIG_FILE).get("model", {}).get("encoder")
+    if preset not in ENCODER_PRESETS:
+        raise CheckpointError(
+            f"{run_dir / CONFIG_FILE} names encoder preset {preset!r}, which is not one of "
+            f"{', '.join(ENCODER_PRESETS)}"
+        )
+    tag = latest_tag(run_dir / "checkpoints")
+    if tag is None:
+        raise CheckpointError(
+            f"run directory {run_dir} has no complete checkpoint (checkpoints/latest is missing)"
+        )
+    model = MaskedLanguageModel(ENCODER_PRESETS[preset])
+    state = _consolidated(run_dir / "checkpoints" / "encoder", tag, model)
+    prefix = "encoder."
+    encoder_state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+    return _build(model.encoder.cfg, encoder_state, run_dir / "checkpoints" / "encoder" / tag)
+
+
+def _consolidated(engine_dir: Path, tag: str, model: MaskedLanguageModel) -> State:
+    """fp32 weights of the ``MaskedLanguageModel`` checkpoint ``engine_dir/tag``.
+
+    ZeRO 1-3 shard fp32 master weights into ``*zero_pp_rank_*_optim_states.pt`` files, which
+    DeepSpeed's ``zero_to_fp32`` consolidates whatever the number of ranks. ZeRO 0 keeps the
+    full module in ``mp_rank_00_model_states.pt``: exact in fp32 runs, rounded to bf16/fp16 in
+    mixed-precision ones, whose fp32 masters are then taken from the optimizer state.
+    """
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    folder = engine_dir / tag
+    if not folder.is_dir():
+        raise CheckpointError(f"checkpoint {folder} is missing")
+    if any(folder.glob("*zero_pp_rank_*_optim_states.pt")):
+        return get_fp32_state_dict_from_zero_checkpoint(str(engine_dir), tag)
+    # A DeepSpeed checkpoint is a full pickle (configs, schedulers): run directories are trusted.
+    checkpoint = torch.load(
+        folder / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False
+    )
+    module: State = checkpoint["module"]
+    if all(t.dtype == torch.float32 for t in module.values()):
+        return module
+    return {**module, **_fp32_masters(checkpoint["optimizer"], model)}
+
+
+def _fp32_masters(optimizer_state: dict[str, Any], model: MaskedLanguageModel) -> State:
+    """Name -> fp32 master weight from a ZeRO-0 mixed-precision optimizer state.
+
+    DeepSpeed's FP16 optimizers keep one fp32 copy per parameter group, in the order of the
+    groups advpt built (``parameter_groups``): a list per group (unfused optimizer) or one flat
+    tensor per group (fused).
+    """
+    from advpt.training.engines import parameter_groups
+
+    names = {id(p): name for name, p in model.named_parameters()}
+    groups = [group["params"] for group in parameter_groups(model)]
+    if "fp32_groups" in optimizer_state:
+        masters = optimizer_state["fp32_groups"]
+    else:
+        masters = [
+            torch.split(flat[: sum(p.numel() for p in params)], [p.numel() for p in params])
+            for flat, params in zip(optimizer_state["fp32_groups_flat"], groups, strict=True)
+        ]
+    state: State = {}
+    for params, copies in zip(groups, masters, strict=True):
+        for param, master in zip(params, copies, strict=True):
+            state[names[id(param)]] = master.float().view_as(param)
+    return state
+
+
+# ----------------------------------------------------------------------------- advpt exports
+
+
+def save_export(encoder: ProteinEncoder, out_dir: Path) -> None:
+    """Write ``encoder`` as ``config.json`` (its :class:`EncoderConfig`) + ``model.safetensors``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = {"format": EXPORT_FORMAT, "encoder": dataclasses.asdict(encoder.cfg)}
+    (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    state = {k: v.detach().float().contiguous() for k, v in encoder.state_dict().items()}
+    save_file(state, str(out_dir / EXPORT_WEIGHTS), metadata={"format": EXPORT_FORMAT})
+
+
+def load_export(export_dir: str | Path) -> ProteinEncoder:
+    """An encoder written by :func:`save_export`; needs torch and safetensors only."""
+    root = Path(export_dir)
+    config = _read_json(root / CONFIG_FILE)
+    if config.get("format") != EXPORT_FORMAT or not isinstance(config.get("encoder"), dict):
+        raise CheckpointError(f"{root / CONFIG_FILE} is not an advpt encoder export")
+    try:
+        cfg = EncoderConfig(**config["encoder"])
+    except TypeError as err:
+        raise CheckpointError(f"{root / CONFIG_FILE}: bad encoder settings ({err})") from None
+    return _build(cfg, load_file(str(root / EXPORT_WEIGHTS)), root / EXPORT_WEIGHTS)
+
+
+# ----------------------------------------------------------------------------- TAPE
+
+
+# advpt name -> TAPE ProteinBertModel name, for the tensors that map one to one.
+_TAPE_EMBEDDINGS = {
+    "token_embedding.weight": "embeddings.word_embeddings.weight",
+    "embedding_norm.weight": "embeddings.LayerNorm.weight",
+    "embedding_norm.bias": "embeddings.LayerNorm.bias",
+}
+_TAPE_LAYER = {
+    "attention.out": "attention.output.dense",
+    "attention_norm": "attention.output.LayerNorm",
+    "ffn_in": "intermediate.dense",
+    "ffn_out": "output.dense",
+    "ffn_norm": "output.LayerNorm",
+}
+_TAPE_QKV = ("query", "key", "value")
+
+
+# EncoderConfig field -> ProteinBertConfig field.
+_TAPE_CONFIG = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "intermediate_size": "intermediate_size",
+    "dropout": "hidden_dropout_prob",
+    "attention_dropout": "attention_probs_dropout_prob",
+    "max_positions": "max_position_embeddings",
+    "layer_norm_eps": "layer_norm_eps",
+    "initializer_range": "initializer_range",
+}
+
+
+def tape_config(cfg: EncoderConfig) -> dict[str, Any]:
+    """TAPE ``ProteinBertConfig`` settings for an advpt encoder config."""
+    config = {tape_key: getattr(cfg, key) for key, tape_key in _TAPE_CONFIG.items()}
+    return {**config, "hidden_act": "gelu", "type_vocab_size": 2}
+
+
+def _encoder_config_from_tape(config: dict[str, Any], source: Path) -> EncoderConfig:
+    if config.get("hidden_act", "gelu") != "gelu":
+        raise CheckpointError(
+            f"{source} uses activation {config['hidden_act']!r}; advpt's encoder uses gelu"
+        )
+    missing = [tape_key for tape_key in _TAPE_CONFIG.values() if tape_key not in config]
+    if missing:
+        raise CheckpointError(f"{source} has no {missing[0]!r} setting")
+    return EncoderConfig(**{key: config[tape_key] for key, tape_key in _TAPE_CONFIG.items()})
+
+
+def load_tape(tape_dir: str | Path) -> ProteinEncoder:
+    """A TAPE ``ProteinBertModel`` (or task model: ``bert.`` prefix) as an advpt encoder."""
+    root = Path(tape_dir)
+    cfg = _encoder_config_from_tape(_read_json(root / CONFIG_FILE), root / CONFIG_FILE)
+    weights = root / TAPE_WEIGHTS
+    try:
+        tape = torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise CheckpointError(f"cannot read TAPE weights {weights}: {err}") from None
+    tape = {k.removeprefix("bert."): v for k, v in tape.items()}
+
+    def get(name: str) -> torch.Tensor:
+        if name not in tape:
+            raise CheckpointError(f"TAPE weights {weights} have no {name!r} tensor")
+        return tape[name]
+
+    state = {name: get(tape_name) for name, tape_name in _TAPE_EMBEDDINGS.items()}
+    state["position_embedding.weight"] = (
+        get("embeddings.position_embeddings.weight")
+        + get("embeddings.token_type_embeddings.weight")[0]
+    )
+    for i in range(cfg.num_layers):
+        src = f"encoder.layer.{i}."
+        for kind in ("weight", "bias"):
+            parts = [get(f"{src}attention.self.{p}.{kind}") for p in _TAPE_QKV]
+            state[f"layers.{i}.attention.qkv.{kind}"] = torch.cat(parts)
+            for name, tape_name in _TAPE_LAYER.items():
+                state[f"layers.{i}.{name}.{kind}"] = get(f"{src}{tape_name}.{kind}")
+    return _build(cfg, state, weights)
+
+
+def save_tape(encoder: ProteinEncoder, out_dir: Path) -> None:
+    """Write ``encoder`` as TAPE's ``save_pretrained`` does, for ``ProteinBertModel``.
+
+    The token-type table is written as zeros (advpt's positions already hold what TAPE adds),
+    and the pooler is left out: TAPE's ``from_pretrained`` initialises it, untrained, as TAPE's
+    own pre-training left it.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg = encoder.cfg
+    (out_dir / CONFIG_FILE).write_text(json.dumps(tape_config(cfg), indent=2) + "\n")
+    ours = {k: v.detach().float().clone() for k, v in encoder.state_dict().items()}
+    state = {tape_name: ours[name] for name, tape_name in _TAPE_EMBEDDINGS.items()}
+    state["embeddings.position_embeddings.weight"] = ours["position_embedding.weight"]
+    state["embeddings.token_type_embeddings.weight"] = torch.zeros(2, cfg.hidden_size)
+    for i in range(cfg.num_layers):
+        dst = f"encoder.layer.{i}."
+        for kind in ("weight", "bias"):
+            fused = ours[f"layers.{i}.attention.qkv.{kind}"].chunk(3)
+            for part, tensor in zip(_TAPE_QKV, fused, strict=True):
+                state[f"{dst}attention.self.{part}.{kind}"] = tensor.clone()
+            for name, tape_name in _TAPE_LAYER.items():
+                state[f"{dst}{tape_name}.{kind}"] = ours[f"layers.{i}.{name}.{kind}"]
+    torch.save(state, out_dir / TAPE_WEIGHTS)

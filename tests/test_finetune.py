@@ -1,0 +1,383 @@
+"""TAPE downstream fine-tuning on small datasets written in TAPE's exact formats (LMDB and JSON).
+
+The writers below are also the fixtures of ``test_pretrained.py`` and the sweep test: every
+field TAPE's files hold, with TAPE's types (numpy arrays in LMDB pickles, lists in JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pytest
+import torch
+
+from advpt.config import parse_config
+from advpt.data.readers import DataError
+from advpt.data.tape_tasks import TASKS, TaskSplit, collate, read_split, spearman, task_spec
+from advpt.finetune import parse_args, run_finetune
+from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
+from advpt.models.heads import (
+    IGNORE_LABEL,
+    PER_RESIDUE,
+    PER_SEQUENCE,
+    REGRESSION,
+    HeadConfig,
+    TaskModel,
+)
+from advpt.train import build_trainer
+from advpt.training.trainer import Trainer
+from tests.helpers import REPO, read_metrics, tiny_run_args
+
+LETTERS = "ACDEFGHIKLMNPQRSTVWY"
+# The learnable signals: a residue's class is a function of its letter, a protein's fold is the
+# letter group it is enriched in, fluorescence and stability are residue-type fractions.
+RESIDUE_CLASS = {letter: i % 3 for i, letter in enumerate(LETTERS)}
+FOLD_GROUPS = ("DEKR", "FILV", "GNST")
+SIZES = {"train": 96, "valid": 24}
+TEST_SIZE = 16
+
+
+def _protein(rng: np.random.Generator, enriched: str = "") -> str:
+    length = int(rng.integers(8, 40))
+    letters = [
+        rng.choice(list(enriched)) if enriched and rng.random() < 0.6 else rng.choice(list(LETTERS))
+        for _ in range(length)
+    ]
+    return "".join(letters)
+
+
+def tape_record(task: str, index: int, rng: np.random.Generator) -> dict:
+    """One record with every field TAPE's file for ``task`` has, in TAPE's types."""
+    fold = int(rng.integers(len(FOLD_GROUPS)))
+    primary = _protein(rng, FOLD_GROUPS[fold] if task == "remote_homology" else "")
+    n = len(primary)
+    record = {"primary": primary, "protein_length": n, "id": f"{task}-{index}"}
+    if task == "secondary_structure":
+        ss3 = np.array([RESIDUE_CLASS[c] for c in primary], dtype=np.int64)
+        valid_mask = np.ones(n, dtype=bool)
+        valid_mask[0] = False
+        record.update(
+            ss3=ss3,
+            ss8=ss3 * 2 + rng.integers(0, 2, n),
+            rsa=rng.random(n).astype(np.float32),
+            disorder=rng.integers(0, 2, n),
+            interface=rng.integers(0, 2, n),
+            phi=rng.uniform(-180, 180, n).astype(np.float32),
+            psi=rng.uniform(-180, 180, n).astype(np.float32),
+            asa_max=rng.uniform(100, 250, n).astype(np.float32),
+            valid_mask=valid_mask,
+        )
+    elif task == "remote_homology":
+        record.update(
+            class_label=int(rng.integers(7)),
+            fold_label=fold,
+            superfamily_label=int(rng.integers(10)),
+            family_label=int(rng.integers(20)),
+            secondary_structure=rng.integers(0, 3, n),
+            solvent_accessibility=rng.integers(0, 2, n),
+            evolutionary=rng.random((n, 30)).astype(np.float32),
+        )
+    elif task == "fluorescence":
+        k_share = primary.count("K") / n
+        record.update(
+            log_fluorescence=np.array([1.3 + 2.0 * k_share], dtype=np.float32),
+            num_mutations=int(rng.integers(0, 10)),
+        )
+    else:
+        hydrophobic = sum(primary.count(c) for c in "FILVW") / n
+        record.update(
+            stability_score=np.array([hydrophobic - 0.2], dtype=np.float32),
+            topology=str(rng.choice(["HHH", "EHEE", "HEEH", "EEHEE"])),
+            parent=f"parent{index % 5}",
+        )
+    return record
+
+
+def _jsonable(value):
+    return value.tolist() if isinstance(value, np.ndarray) else value
+
+
+def write_split(data_dir: Path, task: str, split: str, records: list[dict], fmt: str) -> Path:
+    """``<data_dir>/<task>/<task>_<split>.lmdb`` (TAPE's pickles) or ``.json``."""
+    folder = data_dir / task
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{task}_{split}.{fmt}"
+    if fmt == "json":
+        rows = [{k: _jsonable(v) for k, v in r.items()} for r in records]
+        path.write_text(json.dumps(rows))
+        return path
+    env = lmdb.open(str(path), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        for i, record in enumerate(records):
+            txn.put(str(i).encode(), pickle.dumps(record))
+        txn.put(b"num_examples", pickle.dumps(len(records)))
+    env.close()
+    return path
+
+
+def write_task(data_dir: Path, task: str, fmt: str = "lmdb", seed: int = 0, scale: int = 1) -> Path:
+    """Every split of ``task`` (``scale`` x the default sizes) under ``data_dir``."""
+    rng = np.random.default_rng(seed)
+    sizes = {**SIZES, **{split: TEST_SIZE for split in TASKS[task].test_splits}}
+    for split, size in sizes.items():
+        records = [tape_record(task, i, rng) for i in range(size * scale)]
+        write_split(data_dir, task, split, records, fmt)
+    return data_dir
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run faster on one thread (and far faster when the two cores are shared)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def pretrain_tiny(tmp_path: Path, run_dir: Path, **ds_extra) -> Trainer:
+    """A real two-step pre-training run (random MLM, tiny encoder) in this process; its trainer
+    still holds the live engine. ``ds_extra`` goes into the DeepSpeed JSON (e.g. ZeRO, bf16)."""
+    args = tiny_run_args(tmp_path, run_dir, **ds_extra) + [
+        "--mode", "random", "--max_steps", "2", "--checkpoint_every", "2", "--num_workers", "0",
+    ]  # fmt: skip
+    config = parse_config(args)
+    trainer = build_trainer(config, torch.device("cpu"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
+    trainer.train()
+    return trainer
+
+
+def finetune_args(data_dir: Path, task: str, run_dir: Path, *extra: str) -> list[str]:
+    """Flags for a seconds-long fine-tune of a random tiny encoder."""
+    return [
+        "--task", task, "--data_dir", str(data_dir), "--pretrained", "none", "--encoder", "tiny",
+        "--run_dir", str(run_dir), "--lr", "3e-3", "--batch_size", "16", "--max_steps", "4",
+        "--eval_every", "2", "--warmup_fraction", "0.0", *extra,
+    ]  # fmt: skip
+
+
+def fresh_process(*argv: str) -> subprocess.CompletedProcess:
+    """Run ``argv`` in the repository as a fresh single-process job on the CPU accelerator."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+        env.pop(key, None)  # the test session's own process group must not leak into the child
+    env.pop("MASTER_PORT", None)
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_lmdb_and_json_read_alike_and_as_tape_reads_them(tmp_path, task):
+    spec = task_spec(task)
+    lmdb_dir, json_dir = (
+        write_task(tmp_path / "l", task, "lmdb"),
+        write_task(tmp_path / "j", task, "json"),
+    )
+    for split in spec.splits:
+        from_lmdb = read_split(lmdb_dir, spec, split, max_tokens=1024)
+        from_json = read_split(json_dir, spec, split, max_tokens=1024)
+        assert from_lmdb.path.suffix == ".lmdb" and from_json.path.suffix == ".json"
+        assert len(from_lmdb) == SIZES.get(split, TEST_SIZE)
+        for a, b in zip(from_lmdb.tokens, from_json.tokens, strict=True):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(from_lmdb.targets, from_json.targets, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+
+    # TAPE's own dataset class reads the same files to the same token ids and targets.
+    datasets = pytest.importorskip("tape.datasets")
+    tape_class = {
+        "secondary_structure": datasets.SecondaryStructureDataset,
+        "remote_homology": datasets.RemoteHomologyDataset,
+        "fluorescence": datasets.FluorescenceDataset,
+        "stability": datasets.StabilityDataset,
+    }[task]
+    ours = read_split(lmdb_dir, spec, "train", max_tokens=1024)
+    # a copy: py-lmdb refuses a second handle on an environment this process has open
+    theirs = tape_class(shutil.copytree(lmdb_dir, tmp_path / "tape"), "train")
+    assert len(theirs) == len(ours)
+    for i in range(len(ours)):
+        token_ids, _, target = theirs[i]
+        np.testing.assert_array_equal(token_ids, ours.tokens[i])
+        np.testing.assert_allclose(target, ours.targets[i], rtol=1e-6)
+
+
+def test_secondary_structure_options_and_bad_records(tmp_path):
+    data = write_task(tmp_path, "secondary_structure", "json")
+    plain = read_split(data, task_spec("secondary_structure"), "valid", 1024)
+    masked = read_split(data, task_spec("secondary_structure"), "valid", 1024, use_valid_mask=True)
+    for labels, masked_labels in zip(plain.targets, masked.targets, strict=True):
+        assert labels[0] == labels[-1] == IGNORE_LABEL  # <cls> and <sep>
+        assert labels[1] != IGNORE_LABEL and masked_labels[1] == IGNORE_LABEL  # valid_mask False
+        np.testing.assert_array_equal(labels[2:], masked_labels[2:])
+    ss8 = read_split(data, task_spec("secondary_structure", "ss8"), "valid", 1024)
+    assert max(t.max() for t in ss8.targets) > 2 and max(t.max() for t in ss8.targets) < 8
+
+    path = data / "secondary_structure" / "secondary_structure_valid.json"
+    records = json.loads(path.read_text())
+    records[3]["ss3"] = records[3]["ss3"][:-1]
+    path.write_text(json.dumps(records))
+    with pytest.raises(DataError, match=r"valid.json: record #3 .* field 'ss3' has \d+ labels for"):
+        read_split(data, task_spec("secondary_structure"), "valid", 1024)
+    with pytest.raises(DataError, match=r"has \d+ tokens, more than the encoder's 12 positions"):
+        read_split(data, task_spec("secondary_structure"), "train", 12)
+    with pytest.raises(DataError, match=r"split 'casp12' not found: expected .*casp12.lmdb or"):
+        read_split(tmp_path / "elsewhere", task_spec("secondary_structure"), "casp12", 1024)
+
+    homology = write_task(tmp_path, "remote_homology", "json")
+    path = homology / "remote_homology" / "remote_homology_train.json"
+    records = json.loads(path.read_text())
+    records[0]["fold_label"] = 1195
+    path.write_text(json.dumps(records))
+    with pytest.raises(DataError, match=r"'fold_label' must be an integer class in \[0, 1195\)"):
+        read_split(homology, task_spec("remote_homology"), "train", 1024)
+
+
+def test_spearman_uses_average_ranks_for_ties():
+    assert spearman(np.arange(5.0), np.arange(5.0) ** 3) == pytest.approx(1.0)
+    assert spearman(np.arange(5.0), -np.arange(5.0)) == pytest.approx(-1.0)
+    # ranks [1, 2.5, 2.5, 4] against [1, 2, 3, 4]: 4.5 / sqrt(4.5 * 5)
+    assert spearman(np.array([1.0, 2, 2, 3]), np.array([10.0, 20, 30, 40])) == pytest.approx(
+        3 / math.sqrt(10)
+    )
+
+
+# ----------------------------------------------------------------------------- fine-tuning
+
+
+@pytest.mark.parametrize(
+    "kind, pooling", [(PER_RESIDUE, "mean"), (PER_SEQUENCE, "mean"), (REGRESSION, "cls")]
+)
+def test_task_outputs_do_not_depend_on_padding(kind, pooling):
+    torch.manual_seed(0)
+    encoder = MaskedLanguageModel(ENCODER_PRESETS["tiny"]).encoder
+    model = TaskModel(encoder, kind, 3, HeadConfig(pooling=pooling)).eval()
+    tokens = [np.array([2, 7, 9, 11, 3]), np.array([2, 5, 6, 7, 8, 9, 10, 11, 12, 3])]
+    targets = {PER_RESIDUE: [np.array([-1, 0, 1, 2, -1]), np.array([-1] + [1] * 8 + [-1])],
+               PER_SEQUENCE: [0, 2], REGRESSION: [0.5, 1.5]}[kind]  # fmt: skip
+    split = TaskSplit("s", Path("s"), tokens, targets)
+    together = collate(split, [0, 1], kind)
+    alone = collate(split, [0], kind)
+    with torch.no_grad():
+        padded = model(together.tokens, together.valid, together.targets).outputs[:1]
+        unpadded = model(alone.tokens, alone.valid, alone.targets).outputs
+    if kind == PER_RESIDUE:
+        padded = padded[:, :5]
+    torch.testing.assert_close(padded, unpadded, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "task, fmt",
+    [("secondary_structure", "lmdb"), ("remote_homology", "json"), ("fluorescence", "lmdb"),
+     ("stability", "json")],
+)  # fmt: skip
+def test_each_task_fine_tunes_and_scores_the_best_validation_step(tmp_path, distributed, task, fmt):
+    data = write_task(tmp_path / "data", task, fmt)
+    run_dir = tmp_path / "run"
+    config = parse_args(finetune_args(data, task, run_dir, "--weight_decay", "0.05"))
+    results = run_finetune(config, torch.device("cpu"))
+
+    metric = TASKS[task].metric
+    assert set(results["splits"]) == {"valid", *TASKS[task].test_splits}
+    assert all(math.isfinite(m[metric]) for m in results["splits"].values())
+    assert results["splits"]["valid"]["count"] > 0
+    assert json.loads((run_dir / "results.json").read_text()) == results
+    ds = json.loads((run_dir / "ds_config.json").read_text())
+    assert ds["train_batch_size"] == 16 and ds["optimizer"]["params"]["weight_decay"] == 0.05
+    # validation after steps 2 and 4; the splits were scored with the best of the two
+    evals = [r for r in read_metrics(run_dir) if not r.get("final")]
+    assert [r["step"] for r in evals] == [2, 4]
+    best = max(evals, key=lambda r: r[f"valid_{metric}"])
+    assert results["best_step"] == best["step"]
+    assert results["splits"]["valid"][metric] == pytest.approx(best[f"valid_{metric}"])
+
+
+def test_learnable_signal_is_learned_far_above_chance(tmp_path, distributed):
+    data = write_task(tmp_path / "data", "secondary_structure", "lmdb")
+    args = finetune_args(data, "secondary_structure", tmp_path / "run", "--max_steps", "12")
+    results = run_finetune(parse_args(args + ["--eval_every", "6"]), torch.device("cpu"))
+    for split in ("cb513", "casp12", "ts115"):  # chance: about 1/3
+        assert results["splits"][split]["accuracy"] > 0.9
+
+
+def test_same_seed_same_run_and_early_stopping(tmp_path, distributed):
+    data = write_task(tmp_path / "data", "fluorescence", "json")
+    first, second, other = (
+        run_finetune(parse_args(finetune_args(data, "fluorescence", tmp_path / name, *extra)),
+                     torch.device("cpu"))
+        for name, extra in (("a", ()), ("b", ()), ("c", ("--seed", "1")))
+    )  # fmt: skip
+    assert first["splits"] == second["splits"]
+    assert first["splits"] != other["splits"]
+
+    # nothing is learned at lr 0, so the second validation is no improvement: patience 1 stops
+    args = finetune_args(data, "fluorescence", tmp_path / "d", "--lr", "0", "--patience", "1")
+    stopped = run_finetune(parse_args(args + ["--max_steps", "8"]), torch.device("cpu"))
+    assert stopped["stopped_early"] and stopped["steps"] == 4 and stopped["best_step"] == 2
+
+
+def test_command_line_errors_are_one_line(tmp_path):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "results.json").write_text("{}")
+    args = finetune_args(tmp_path / "data", "stability", taken)
+    done = fresh_process(sys.executable, "-m", "advpt.finetune", *args)
+    assert done.returncode == 2 and "already holds results" in done.stderr
+
+    missing = finetune_args(tmp_path / "nowhere", "stability", tmp_path / "x")
+    done = fresh_process(sys.executable, "-m", "advpt.finetune", *missing)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().endswith("(see docs/finetune.md for the download)")
+
+
+def test_sweep_tabulates_two_encoders_and_reuses_finished_runs(tmp_path, distributed):
+    run = pretrain_tiny(tmp_path, tmp_path / "pretrain").run_dir
+    data = write_task(tmp_path / "data", "fluorescence", "json")
+    out = tmp_path / "sweep"
+    command = [
+        sys.executable, "scripts/sweep_finetune.py", "--data_dir", str(data), "--out", str(out),
+        "--encoder", f"adversarial={run}", "--encoder", "random=none:tiny",
+        "--tasks", "fluorescence", "--lrs", "3e-3", "1e-3", "--batch_sizes", "16",
+        "--weight_decays", "0.01", "--seeds", "2",
+        "--", "--max_steps", "4", "--eval_every", "2", "--warmup_fraction", "0",
+    ]  # fmt: skip
+    done = fresh_process(*command)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    table = (out / "table.md").read_text()
+    assert table.splitlines()[0] == "| Task | Test set | Metric | adversarial | random |"
+    row = table.splitlines()[2]
+    assert row.startswith("| Fluorescence | Test | spearman | ") and row.count(" ± ") == 2
+    assert "over 2 fine-tuning seed(s)" in table
+    summary = json.loads((out / "results.json").read_text())["tasks"]["fluorescence"]
+    for encoder in ("adversarial", "random"):
+        result = summary[encoder]
+        assert [g["lr"] for g in result["grid"]] == [3e-3, 1e-3]
+        best = max(result["grid"], key=lambda g: g["valid"])
+        assert result["chosen"]["lr"] == best["lr"]
+        test = result["splits"]["test"]
+        assert len(test["values"]) == 2 and test["mean"] == pytest.approx(np.mean(test["values"]))
+        assert test["std"] == pytest.approx(np.std(test["values"], ddof=1))
+    # per encoder: two grid points (seed 0) and the chosen one's second seed, each a
+    # `python -m advpt.finetune` run; the adversarial column fine-tunes the pre-training run
+    runs = sorted(out.glob("*/fluorescence/*/*/results.json"))
+    assert len(runs) == 6
+    assert {json.loads(r.read_text())["pretrained"] for r in runs} == {str(run), "none"}
+    assert (
+        "fluorescence (log_fluorescence), best step"
+        in (runs[0].parent / "finetune.log").read_text()
+    )
+
+    again = fresh_process(*command)
+    assert again.returncode == 0 and "advpt.finetune" not in again.stdout  # nothing re-run
+    assert (out / "table.md").read_text() == table

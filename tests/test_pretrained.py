@@ -1,0 +1,216 @@
+"""Encoders in and out: advpt runs of every ZeRO stage, exports without DeepSpeed, TAPE."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import deepspeed
+import pytest
+import torch
+
+from advpt.export import main as export_main
+from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, ProteinEncoder
+from advpt.models.pretrained import CheckpointError, load_encoder, load_export, save_export
+from advpt.tokenizer import CLS_ID, FIRST_RESIDUE_ID, PAD_ID, SEP_ID, VOCAB_SIZE
+from tests.helpers import REPO, tiny_run_args
+from tests.test_finetune import one_thread, pretrain_tiny  # noqa: F401 - fixture, helper
+
+ZERO_CONFIGS = {
+    "zero0": {},
+    "zero0-bf16": {"bf16": {"enabled": True}},
+    "zero1-bf16": {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}},
+    "zero2": {"zero_optimization": {"stage": 2}},
+    "zero3": {"zero_optimization": {"stage": 3}},
+}
+
+
+def _batch(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random proteins ``[<cls>, residues, <sep>]`` padded to the longest: ids and valid."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.full((len(lengths), max(lengths)), PAD_ID)
+    for row, n in enumerate(lengths):
+        ids[row, 0], ids[row, n - 1] = CLS_ID, SEP_ID
+        ids[row, 1 : n - 1] = torch.randint(FIRST_RESIDUE_ID, VOCAB_SIZE, (n - 2,), generator=g)
+    return ids, ids != PAD_ID
+
+
+@torch.no_grad()
+def _hidden(encoder: ProteinEncoder, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    return encoder.eval()(ids, valid)
+
+
+# ----------------------------------------------------------------------------- advpt runs
+
+
+@pytest.mark.parametrize("name", ZERO_CONFIGS)
+def test_run_directory_loads_as_fp32_for_every_zero_stage(tmp_path, distributed, name):
+    trainer = pretrain_tiny(tmp_path, tmp_path / "run", **ZERO_CONFIGS[name])
+    encoder = load_encoder(trainer.run_dir)
+    live = trainer.encoder.module.encoder
+    with deepspeed.zero.GatheredParameters(list(live.parameters())):  # ZeRO-3 only: gather
+        expected = {n: p.detach().clone() for n, p in live.named_parameters()}
+    loaded = dict(encoder.named_parameters())
+    assert loaded.keys() == expected.keys()
+    mixed = "bf16" in name
+    carries_fp32_precision = False
+    for n, weight in loaded.items():
+        assert weight.dtype == torch.float32, n
+        if mixed:  # the fp32 masters, which the bf16 weights were rounded from
+            assert torch.equal(weight.to(torch.bfloat16), expected[n]), n
+            carries_fp32_precision |= bool((weight != weight.bfloat16().float()).any())
+        else:
+            assert torch.equal(weight, expected[n]), n
+    assert carries_fp32_precision == mixed
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_rank_zero2_run_loads_in_one_process(tmp_path):
+    launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent))
+    run_dir = tmp_path / "run"
+    args = tiny_run_args(tmp_path, run_dir, world=2, zero_optimization={"stage": 2}) + [
+        "--mode", "random", "--max_steps", "2", "--checkpoint_every", "2", "--num_workers", "0",
+    ]  # fmt: skip
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [launcher, "--num_gpus", "2", "--master_port", str(_free_port()), "advpt/train.py", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    shards = sorted(
+        p.name for p in (run_dir / "checkpoints" / "encoder").glob("*/*optim_states.pt")
+    )
+    assert len(shards) == 2  # one ZeRO partition per rank
+    encoder = load_encoder(run_dir)
+    ids, valid = _batch([12, 9])
+    assert torch.isfinite(_hidden(encoder, ids, valid)).all()
+
+
+# ----------------------------------------------------------------------------- exports
+
+
+NO_DEEPSPEED = """
+import sys
+sys.modules["deepspeed"] = None  # any import of DeepSpeed now fails
+import torch
+from advpt.models.pretrained import load_export
+ids, valid = torch.load(sys.argv[2])
+with torch.no_grad():
+    torch.save(load_export(sys.argv[1]).eval()(ids, valid), sys.argv[3])
+"""
+
+
+def test_export_round_trips_to_identical_outputs_without_deepspeed(tmp_path, distributed, capsys):
+    run_dir = pretrain_tiny(tmp_path, tmp_path / "run").run_dir
+    out = tmp_path / "export"
+    assert export_main([str(run_dir), str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    ids, valid = _batch([14, 30, 5])
+    expected = _hidden(load_encoder(run_dir), ids, valid)
+    assert torch.equal(_hidden(load_encoder(out), ids, valid), expected)
+
+    torch.save((ids, valid), tmp_path / "batch.pt")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", NO_DEEPSPEED, str(out), str(tmp_path / "batch.pt"),
+         str(tmp_path / "hidden.pt")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert torch.equal(torch.load(tmp_path / "hidden.pt"), expected)
+
+    capsys.readouterr()
+    assert export_main([str(run_dir), str(out)]) == 2  # never overwrites
+    assert "already holds config.json" in capsys.readouterr().err
+
+
+def test_unloadable_encoders_fail_with_one_sentence(tmp_path, capsys):
+    with pytest.raises(CheckpointError, match="is not a directory"):
+        load_encoder(tmp_path / "missing")
+    with pytest.raises(CheckpointError, match="is none of: an advpt run directory"):
+        load_encoder(tmp_path)
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.json").write_text('{"model": {"encoder": "tiny"}}')
+    with pytest.raises(CheckpointError, match="has no complete checkpoint"):
+        load_encoder(run_dir)
+    export = tmp_path / "export"
+    save_export(MaskedLanguageModel(ENCODER_PRESETS["tiny"]).encoder, export)
+    (export / "config.json").write_text('{"format": "advpt-encoder", "encoder": {"width": 3}}')
+    with pytest.raises(CheckpointError, match="bad encoder settings"):
+        load_export(export)
+    assert export_main([str(tmp_path / "missing"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a directory" in err
+
+
+# ----------------------------------------------------------------------------- TAPE
+
+
+def _tape_checkpoint(tape, directory: Path, model_class: str = "ProteinBertModel"):
+    """A small TAPE model with every weight perturbed (token types too), saved TAPE's way."""
+    config = tape.ProteinBertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = getattr(tape, model_class)(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    directory.mkdir()
+    model.save_pretrained(str(directory))
+    return model.eval()
+
+
+def test_tape_checkpoint_gives_tape_hidden_states(tmp_path):
+    tape = pytest.importorskip("tape")
+    model = _tape_checkpoint(tape, tmp_path / "tape")
+    encoder = load_encoder(tmp_path / "tape")
+    ids, valid = _batch([20, 13, 7], seed=1)
+    with torch.no_grad():
+        reference = model(ids, valid.long())[0]
+        alone = model(ids[:1], valid[:1].long())[0]
+    ours = _hidden(encoder, ids, valid)
+    # TAPE masks padding with an additive -10000, advpt with a boolean mask: compare real tokens
+    torch.testing.assert_close(ours[valid], reference[valid], rtol=0, atol=1e-5)
+    torch.testing.assert_close(_hidden(encoder, ids[:1], valid[:1]), alone, rtol=0, atol=1e-5)
+
+    # a TAPE task model's checkpoint (weights under "bert.") holds the same kind of encoder
+    task_model = _tape_checkpoint(tape, tmp_path / "task", "ProteinBertForValuePrediction")
+    with torch.no_grad():
+        reference = task_model.bert(ids, valid.long())[0]
+    ours = _hidden(load_encoder(tmp_path / "task"), ids, valid)
+    torch.testing.assert_close(ours[valid], reference[valid], rtol=0, atol=1e-5)
+
+
+def test_export_in_tape_format_loads_in_tape(tmp_path):
+    tape = pytest.importorskip("tape")
+    torch.manual_seed(2)
+    encoder = MaskedLanguageModel(ENCODER_PRESETS["tiny"]).encoder
+    save_export(encoder, tmp_path / "advpt")
+    assert export_main([str(tmp_path / "advpt"), str(tmp_path / "tape"), "--format", "tape"]) == 0
+    model = tape.ProteinBertModel.from_pretrained(str(tmp_path / "tape")).eval()
+    ids, valid = _batch([16, 9], seed=3)
+    with torch.no_grad():
+        reference = model(ids, valid.long())[0]
+    ours = _hidden(encoder, ids, valid)
+    torch.testing.assert_close(ours[valid], reference[valid], rtol=0, atol=1e-5)
+    assert torch.equal(_hidden(load_encoder(tmp_path / "tape"), ids, valid), ours)
+
+    (tmp_path / "relu").mkdir()
+    shutil.copy(tmp_path / "tape" / "pytorch_model.bin", tmp_path / "relu")
+    config = (tmp_path / "tape" / "config.json").read_text().replace('"gelu"', '"relu"')
+    (tmp_path / "relu" / "config.json").write_text(config)
+    with pytest.raises(CheckpointError, match="uses activation 'relu'; advpt's encoder uses gelu"):
+        load_encoder(tmp_path / "relu")
