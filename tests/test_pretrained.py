@@ -133,6 +133,16 @@ def test_export_round_trips_to_identical_outputs_without_deepspeed(tmp_path, dis
     assert export_main([str(run_dir), str(out)]) == 2  # never overwrites
     assert "already holds config.json" in capsys.readouterr().err
 
+    # a crafted checkpoint is refused before anything in it is unpickled
+    states = next((run_dir / "checkpoints" / "encoder").glob("*/mp_rank_00_model_states.pt"))
+    torch.save({"module": {}, "payload": Crafted()}, states)
+    with pytest.raises(CheckpointError, match="holds more than tensors and plain data"):
+        load_encoder(run_dir)
+
+
+class Crafted:
+    """Stands in for a pickle that would run code when DeepSpeed unpickles it."""
+
 
 def test_unloadable_encoders_fail_with_one_sentence(tmp_path, capsys):
     with pytest.raises(CheckpointError, match="is not a directory"):

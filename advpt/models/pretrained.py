@@ -113,12 +113,17 @@ def _consolidated(engine_dir: Path, tag: str, model: MaskedLanguageModel) -> Sta
     """
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
+    from advpt.training import checkpoint as run_checkpoint
+
     folder = engine_dir / tag
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint {folder} is missing")
+    try:  # DeepSpeed unpickles in full: refuse files that hold more than plain data first
+        run_checkpoint.verify_weights_only(folder)
+    except run_checkpoint.CheckpointError as err:
+        raise CheckpointError(str(err)) from None
     if any(folder.glob("*zero_pp_rank_*_optim_states.pt")):
         return get_fp32_state_dict_from_zero_checkpoint(str(engine_dir), tag)
-    # A DeepSpeed checkpoint is a full pickle (configs, schedulers): run directories are trusted.
     checkpoint = torch.load(
         folder / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False
     )
