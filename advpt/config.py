@@ -44,6 +44,7 @@ class ModelConfig:
     encoder: str = "tape-base"  # tape-base | small | tiny
     noiser: str = "paper"  # paper | small | tiny
     noiser_bidirectional: bool = True
+    activation_checkpointing: int = 0  # recompute every n-th encoder layer in backward; 0 = off
 
 
 @dataclass
@@ -124,6 +125,7 @@ class TrainConfig:
             (self.schedule.encoder_steps > 0, "encoder_steps must be positive"),
             (self.schedule.batch_growth_factor >= 1, "batch_growth_factor must be >= 1"),
             (self.run.log_every > 0, "log_every must be positive"),
+            (self.model.activation_checkpointing >= 0, "activation_checkpointing must be >= 0"),
         ]
         for ok, message in checks:
             if not ok:

@@ -102,7 +102,10 @@ def build_trainer(config: TrainConfig, device: torch.device) -> Trainer:
 
     torch.manual_seed(config.run.seed)
     s = config.schedule
-    encoder_cfg = dataclasses.replace(ENCODER_PRESETS[config.model.encoder])
+    encoder_cfg = dataclasses.replace(
+        ENCODER_PRESETS[config.model.encoder],
+        activation_checkpointing=config.model.activation_checkpointing,
+    )
     encoder = build_engine(
         MaskedLanguageModel(encoder_cfg), encoder_ds, s.warmup_steps, s.max_steps
     )

@@ -42,6 +42,19 @@ def tiny_run_args(tmp_path: Path, run_dir: Path, world: int = 1, **configs) -> l
     ]  # fmt: skip
 
 
+def build_tiny_trainer(tmp_path: Path, *extra_args: str, **ds_extra):
+    """An in-process Trainer (tiny presets, bundled proteome) on real DeepSpeed engines."""
+    import torch
+
+    from advpt.config import parse_config
+    from advpt.train import build_trainer
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    args = tiny_run_args(tmp_path, tmp_path / "run", **ds_extra) + ["--num_workers", "0"]
+    torch.manual_seed(0)
+    return build_trainer(parse_config(args + list(extra_args)), torch.device("cpu"))
+
+
 def run_module(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     """``python -m advpt.train ARGS`` in a fresh process on the CPU accelerator."""
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}

@@ -3,17 +3,13 @@
 import pytest
 import torch
 
-from advpt.config import parse_config
-from advpt.train import build_trainer
 from advpt.training.trainer import NonFiniteError
-from tests.helpers import tiny_run_args
+from tests.helpers import build_tiny_trainer
 
 
 @pytest.fixture
 def trainer(tmp_path, distributed):
-    args = tiny_run_args(tmp_path, tmp_path / "run") + ["--num_workers", "0"]
-    torch.manual_seed(0)
-    return build_trainer(parse_config(args), torch.device("cpu"))
+    return build_tiny_trainer(tmp_path)
 
 
 def _snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -71,15 +67,9 @@ def test_noiser_steps_raise_and_encoder_steps_lower_the_loss(trainer):
     assert _expected_loss(trainer, batch) < after_noiser
 
 
-def _build(tmp_path, *extra_args, **ds_extra):
-    args = tiny_run_args(tmp_path, tmp_path / "run", **ds_extra) + ["--num_workers", "0"]
-    torch.manual_seed(0)
-    return build_trainer(parse_config(args + list(extra_args)), torch.device("cpu"))
-
-
 @pytest.mark.parametrize("stage", [0, 1])  # advpt's guard at stage 0, DeepSpeed's own check at 1
 def test_a_non_finite_step_is_skipped_and_counted(tmp_path, distributed, stage):
-    trainer = _build(tmp_path, zero_optimization={"stage": stage})
+    trainer = build_tiny_trainer(tmp_path, zero_optimization={"stage": stage})
     encoder = trainer.encoder.module
     batch = trainer.stream[0]
     weight = encoder.encoder.layers[0].ffn_in.weight
@@ -99,7 +89,7 @@ def test_a_non_finite_step_is_skipped_and_counted(tmp_path, distributed, stage):
 
 
 def test_too_many_non_finite_steps_stop_the_run_with_a_checkpoint(tmp_path, distributed):
-    trainer = _build(tmp_path, "--max_skipped_in_a_row", "3", "--max_steps", "50")
+    trainer = build_tiny_trainer(tmp_path, "--max_skipped_in_a_row", "3", "--max_steps", "50")
     with torch.no_grad():
         trainer.noiser.module.head.bias.fill_(float("nan"))  # every noiser step is non-finite
     with pytest.raises(NonFiniteError, match="noiser had non-finite .* in 3 optimizer steps"):

@@ -47,6 +47,11 @@ class Batch:
     max_budget: int
     num_tokens: int
 
+    @property
+    def has_padding(self) -> bool:
+        """Whether any row is shorter than ``L`` (known on the host, no device sync)."""
+        return self.num_tokens < self.ids.numel()
+
     def to(self, device: torch.device | str) -> Batch:
         """Tensors moved to ``device`` (non-blocking), except ``lengths``, which stay on the CPU."""
         moved = {}

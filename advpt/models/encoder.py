@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from advpt.tokenizer import VOCAB_SIZE
 
@@ -31,6 +32,9 @@ class EncoderConfig:
     max_positions: int = 8192
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
+    # Recompute every n-th layer's activations in the backward pass (0 = off): memory for
+    # larger micro-batches at the price of one more forward of those layers.
+    activation_checkpointing: int = 0
 
 
 ENCODER_PRESETS: dict[str, EncoderConfig] = {
@@ -55,8 +59,8 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.attention_dropout = cfg.attention_dropout
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
-        """``x`` ``[B, L, H]``, ``attn_mask`` ``[B, 1, 1, L]`` bool (true = may attend)."""
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """``x`` ``[B, L, H]``, ``attn_mask`` ``[B, 1, 1, L]`` bool (true = may attend) or None."""
         b, length, h = x.shape
         q, k, v = self.qkv(x).view(b, length, 3, self.num_heads, h // self.num_heads).unbind(2)
         y = F.scaled_dot_product_attention(
@@ -81,7 +85,7 @@ class TransformerLayer(nn.Module):
         self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         x = self.attention_norm(x + self.dropout(self.attention(x, attn_mask)))
         return self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))
 
@@ -105,10 +109,14 @@ class ProteinEncoder(nn.Module):
             return tokens.to(weight.dtype) @ weight
         return self.token_embedding(tokens)
 
-    def forward(self, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, valid: torch.Tensor, has_padding: bool = True
+    ) -> torch.Tensor:
         """Hidden states ``[B, L, H]`` for ids ``[B, L]`` or one-hot ``[B, L, V]``.
 
-        ``valid`` ``[B, L]`` bool marks real tokens; padding is never attended to.
+        ``valid`` ``[B, L]`` bool marks real tokens; padding is never attended to. A batch the
+        caller knows to be unpadded (``has_padding=False``, common with length bucketing and
+        cropping) runs attention without a mask, which lets PyTorch pick its flash kernel.
         """
         length = valid.shape[1]
         if length > self.cfg.max_positions:
@@ -119,9 +127,15 @@ class ProteinEncoder(nn.Module):
         positions = torch.arange(length, device=valid.device)
         x = self.embed(tokens) + self.position_embedding(positions)
         x = self.dropout(self.embedding_norm(x))
-        attn_mask = valid[:, None, None, :]
-        for layer in self.layers:
-            x = layer(x, attn_mask)
+        attn_mask = valid[:, None, None, :] if has_padding else None
+        every = self.cfg.activation_checkpointing
+        for i, layer in enumerate(self.layers):
+            if every and self.training and torch.is_grad_enabled() and i % every == 0:
+                # Non-reentrant checkpointing works when only the input needs gradients, as in
+                # the noiser phase (encoder frozen, gradients flow to the one-hot input).
+                x = checkpoint(layer, x, attn_mask, use_reentrant=False)
+            else:
+                x = layer(x, attn_mask)
         return x
 
 
@@ -183,6 +197,7 @@ class MaskedLanguageModel(nn.Module):
         masked: torch.Tensor,
         num_masked: int,
         weight: torch.Tensor | None = None,
+        has_padding: bool = True,
     ) -> MLMOutput:
         """Weighted mean cross-entropy over the masked positions.
 
@@ -193,8 +208,9 @@ class MaskedLanguageModel(nn.Module):
             masked: ``[B, L]`` bool positions to score (random and adversarial).
             num_masked: ``masked.sum()``, known on the host, so gathering needs no sync.
             weight: ``[B, L]`` per-position loss weight (straight-through factors), or None.
+            has_padding: False when the caller knows ``valid`` is all true (no mask needed).
         """
-        hidden = self.encoder(tokens, valid)  # [B, L, H]
+        hidden = self.encoder(tokens, valid, has_padding)  # [B, L, H]
         positions = torch.nonzero_static(masked.flatten(), size=num_masked).squeeze(1)  # [N]
         logits = self.head(hidden.flatten(0, 1).index_select(0, positions)).float()  # [N, V]
         gold = targets.flatten().index_select(0, positions)

@@ -13,8 +13,9 @@ not written.
 
 DeepSpeed unpickles its checkpoint files with ``weights_only=False``, which would run any code a
 crafted file carries. Every file of a checkpoint is therefore first opened with PyTorch's
-``weights_only`` loader (tensors and plain containers only), and a file that needs anything
-else is refused before DeepSpeed sees it.
+``weights_only`` loader (tensors and plain containers, plus the few plain-data classes
+DeepSpeed's optimizer states contain), and a file that needs anything else is refused before
+DeepSpeed sees it.
 """
 
 from __future__ import annotations
@@ -29,8 +30,13 @@ from typing import Any
 import deepspeed
 import torch
 import torch.distributed as dist
+from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+from deepspeed.runtime.zero.config import ZeroStageEnum
+from deepspeed.utils.tensor_fragment import fragment_address
 
 _TAG = re.compile(r"^step(\d+)$")
+# Plain-data classes found in DeepSpeed's ZeRO and mixed-precision optimizer states (0.19).
+_DEEPSPEED_STATE_CLASSES = [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
 def checkpoint_tag(encoder_step: int) -> str:
@@ -98,7 +104,8 @@ def verify_weights_only(directory: Path) -> None:
     """Raise ``CheckpointError`` unless every ``*.pt`` file under ``directory`` is plain data."""
     for file in sorted(directory.rglob("*.pt")):
         try:
-            torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            with torch.serialization.safe_globals(_DEEPSPEED_STATE_CLASSES):
+                torch.load(file, map_location="cpu", weights_only=True, mmap=True)
         except pickle.UnpicklingError as exc:
             reason = str(exc).strip().splitlines()[0]
             raise CheckpointError(

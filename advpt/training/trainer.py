@@ -74,6 +74,7 @@ class Trainer:
         self.is_main = not dist.is_initialized() or dist.get_rank() == 0
         self.metrics = MetricsAccumulator(device)
         self._logging_step = False
+        self._last_phase = self.schedule.phase
         self._skipped_in_a_row = {name: 0 for name in self.engines}
         self._grad_norms: dict[str, torch.Tensor] = {}
 
@@ -115,6 +116,7 @@ class Trainer:
                 batch.random_masked | sample.positions,
                 batch.num_masked,
                 weight,
+                batch.has_padding,
             )
             self.noiser.backward(-out.loss)
         finally:
@@ -132,7 +134,9 @@ class Trainer:
             with torch.no_grad():
                 sample = self._corrupt(self.noiser.module(batch.ids, batch.lengths), batch)
             tokens, masked = sample.ids, batch.random_masked | sample.positions
-        out = self.encoder(tokens, batch.valid, batch.ids, masked, batch.num_masked)
+        out = self.encoder(
+            tokens, batch.valid, batch.ids, masked, batch.num_masked, None, batch.has_padding
+        )
         self.encoder.backward(out.loss)
         self._step("encoder", self.encoder)
         self._record(ENCODER, out, sample, batch)
@@ -193,6 +197,7 @@ class Trainer:
         else:
             self.counters.encoder_step += 1
         self.schedule.advance()
+        self._last_phase = phase
         self._check_step_applied(phase, engine)
 
     def _check_step_applied(self, name: str, engine: deepspeed.DeepSpeedEngine) -> None:
@@ -291,7 +296,7 @@ class Trainer:
 
     def _log(self, writer: MetricsWriter, progress: tqdm) -> dict[str, Any]:
         record: dict[str, Any] = {
-            "phase": self.schedule.phase,
+            "phase": self._last_phase,  # of the step just taken
             "encoder_step": self.counters.encoder_step,
             "noiser_step": self.counters.noiser_step,
             "epoch": self.stream.epoch_of(self.counters.micro_batches),
@@ -320,7 +325,10 @@ class Trainer:
         start = time.perf_counter()
         for batch in self.validation:
             batch = batch.to(self.device)
-            out = model(batch.inputs, batch.valid, batch.ids, batch.random_masked, batch.num_masked)
+            out = model(
+                batch.inputs, batch.valid, batch.ids, batch.random_masked, batch.num_masked,
+                None, batch.has_padding,
+            )  # fmt: skip
             sums[0] += out.token_loss.sum()
             sums[1] += out.token_correct.sum()
             sums[2] += batch.num_masked
