@@ -1,17 +1,12 @@
 """Shared test set-up: DeepSpeed on the CPU with gloo, one process group per test session."""
 
 import os
-import socket
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import pytest  # noqa: E402
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.helpers import free_port  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +18,7 @@ def distributed():
     if not dist.is_initialized():
         os.environ.update(
             RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
         )  # fmt: skip
         deepspeed.init_distributed(dist_backend="gloo")
     yield

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -55,16 +57,45 @@ def build_tiny_trainer(tmp_path: Path, *extra_args: str, **ds_extra):
     return build_trainer(parse_config(args + list(extra_args)), torch.device("cpu"))
 
 
-def run_module(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
-    """``python -m advpt.train ARGS`` in a fresh process on the CPU accelerator."""
-    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    # the test session's own process group must not leak into the child
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env() -> dict[str, str]:
+    """Environment for a child job: CPU accelerator, one thread per process (2 cores are shared
+    by every rank and the test runner), and none of the test session's process-group variables.
+    """
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
         env.pop(key, None)
     env.pop("MASTER_PORT", None)
+    return env
+
+
+def run_module(
+    args: list[str], timeout: float = 600, module: str = "advpt.train"
+) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` in a fresh single process on the CPU accelerator."""
     return subprocess.run(
-        [sys.executable, "-m", "advpt.train", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", module, *args],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def launcher_command(args: list[str], ranks: int = 2, script: str = "advpt/train.py") -> list[str]:
+    """The deepspeed launcher running ``script ARGS`` as ``ranks`` CPU ranks."""
+    launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent))
+    assert launcher, "the deepspeed launcher is installed with advpt"
+    return [launcher, "--num_gpus", str(ranks), "--master_port", str(free_port()), script, *args]
+
+
+def launch(args: list[str], ranks: int = 2, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``advpt/train.py ARGS`` through the deepspeed launcher and wait for it."""
+    return subprocess.run(
+        launcher_command(args, ranks),
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 
 

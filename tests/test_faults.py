@@ -4,9 +4,7 @@ import json
 import os
 import pickle
 import random
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +16,15 @@ import pytest
 import torch
 
 from advpt.train import main
-from tests.helpers import REPO, read_metrics, run_module, tiny_run_args, write_ds_config
+from tests.helpers import (
+    REPO,
+    child_env,
+    launcher_command,
+    read_metrics,
+    run_module,
+    tiny_run_args,
+    write_ds_config,
+)
 
 
 def _fasta(path: Path, text: str) -> str:
@@ -109,13 +115,9 @@ def test_crafted_checkpoint_is_refused_without_running_it(tmp_path):
 def _run_with_kills(args: list[str], kills: int, rng: random.Random) -> int:
     """Run to completion, SIGKILLing it ``kills`` times at random moments; returns kills made."""
     made = 0
-    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
-        env.pop(key, None)
-    env.pop("MASTER_PORT", None)
     while True:
         command = [sys.executable, "-m", "advpt.train", *args, "--resume"]
-        process = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(command, cwd=REPO, env=child_env(), stderr=subprocess.DEVNULL)
         if made < kills:
             try:
                 process.wait(timeout=rng.uniform(4.0, 14.0))
@@ -153,22 +155,14 @@ def test_killed_at_random_moments_then_resumed_matches_an_uninterrupted_run(tmp_
     assert len(tags) == 2  # keep_checkpoints
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_one_rank_dying_ends_the_whole_job(tmp_path):
-    launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent))
     args = tiny_run_args(tmp_path, tmp_path / "dp", world=2) + [
         "--max_steps", "100000", "--log_every", "1", "--num_workers", "0",
     ]  # fmt: skip
-    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     job = subprocess.Popen(
-        [launcher, "--num_gpus", "2", "--master_port", str(_free_port()), "advpt/train.py", *args],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        launcher_command(args), cwd=REPO, env=child_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     metrics = tmp_path / "dp" / "metrics.jsonl"
     deadline = time.time() + 300

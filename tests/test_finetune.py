@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pickle
 import shutil
 import subprocess
@@ -35,7 +34,7 @@ from advpt.models.heads import (
 )
 from advpt.train import build_trainer
 from advpt.training.trainer import Trainer
-from tests.helpers import REPO, read_metrics, tiny_run_args
+from tests.helpers import REPO, child_env, read_metrics, tiny_run_args
 
 LETTERS = "ACDEFGHIKLMNPQRSTVWY"
 # The learnable signals: a residue's class is a function of its letter, a protein's fold is the
@@ -168,11 +167,9 @@ def finetune_args(data_dir: Path, task: str, run_dir: Path, *extra: str) -> list
 
 def fresh_process(*argv: str) -> subprocess.CompletedProcess:
     """Run ``argv`` in the repository as a fresh single-process job on the CPU accelerator."""
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
-        env.pop(key, None)  # the test session's own process group must not leak into the child
-    env.pop("MASTER_PORT", None)
-    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        argv, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600
+    )
 
 
 # ----------------------------------------------------------------------------- data

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from advpt.export import main as export_main
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, ProteinEncoder
 from advpt.models.pretrained import CheckpointError, load_encoder, load_export, save_export
 from advpt.tokenizer import CLS_ID, FIRST_RESIDUE_ID, PAD_ID, SEP_ID, VOCAB_SIZE
-from tests.helpers import REPO, tiny_run_args
+from tests.helpers import REPO, launch, tiny_run_args
 from tests.test_finetune import one_thread, pretrain_tiny  # noqa: F401 - fixture, helper
 
 ZERO_CONFIGS = {
@@ -68,24 +67,13 @@ def test_run_directory_loads_as_fp32_for_every_zero_stage(tmp_path, distributed,
     assert carries_fp32_precision == mixed
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_rank_zero2_run_loads_in_one_process(tmp_path):
-    launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent))
     run_dir = tmp_path / "run"
     args = tiny_run_args(tmp_path, run_dir, world=2, zero_optimization={"stage": 2}) + [
         "--mode", "random", "--max_steps", "2", "--checkpoint_every", "2", "--num_workers", "0",
     ]  # fmt: skip
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [launcher, "--num_gpus", "2", "--master_port", str(_free_port()), "advpt/train.py", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    done = launch(args)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     shards = sorted(
         p.name for p in (run_dir / "checkpoints" / "encoder").glob("*/*optim_states.pt")

@@ -1,16 +1,10 @@
 """Whole runs in fresh processes: exact resume, the batch-size schedule, the launcher, errors."""
 
 import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, read_metrics, run_module, tiny_run_args, write_ds_config
+from tests.helpers import launch, read_metrics, run_module, tiny_run_args, write_ds_config
 
 # Everything a run logs that is not wall-clock time.
 TIMING_KEYS = {"tokens_per_s", "val_seconds"}
@@ -80,26 +74,14 @@ def test_fresh_run_refuses_to_overwrite_and_bad_configs_are_one_line(tmp_path):
     assert "run.yaml: unknown setting 'random_rat' (did you mean 'random_rate'?)" in result.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_rank_run_through_the_deepspeed_launcher(tmp_path):
     run_dir = tmp_path / "dp"
-    launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent))
-    assert launcher, "the deepspeed launcher is installed with advpt"
     args = tiny_run_args(tmp_path, run_dir, world=2) + [
         "--max_steps", "4", "--noiser_steps", "2", "--encoder_steps", "2", "--log_every", "2",
         "--eval_every", "4", "--checkpoint_every", "4", "--num_workers", "0",
     ]  # fmt: skip
-    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    result = subprocess.run(
-        [launcher, "--num_gpus", "2", "--master_port", str(_free_port()), "advpt/train.py", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    result = launch(args)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     records = read_metrics(run_dir)
     assert records[-1]["encoder_step"] == 4 and "val_loss" in records[-1]

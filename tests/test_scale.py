@@ -2,12 +2,8 @@
 
 import dataclasses
 import json
-import os
-import shutil
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +14,7 @@ from advpt.models.encoder import EncoderConfig
 from advpt.tokenizer import FIRST_RESIDUE_ID, VOCAB_SIZE
 from advpt.training.engines import load_ds_config
 from advpt.training.schedule import ENCODER, NOISER
-from tests.helpers import REPO, build_tiny_trainer, read_metrics, tiny_run_args
+from tests.helpers import REPO, build_tiny_trainer, child_env, launch, read_metrics, tiny_run_args
 
 CONFIGS = REPO / "ds_configs"
 
@@ -129,21 +125,6 @@ def test_gpu_configs_are_valid_deepspeed_configs(tmp_path, distributed, name):
         assert config["fp16"]["loss_scale"] == 0  # dynamic loss scaling
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(args: list[str]) -> subprocess.CompletedProcess:
-    launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent))
-    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    command = [launcher, "--num_gpus", "2", "--master_port", str(_free_port()), "advpt/train.py"]
-    return subprocess.run(
-        command + args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])  # stage 1 runs in-process above
 def test_two_rank_zero_run_with_batch_growth_stops_and_resumes(tmp_path, stage):
@@ -153,9 +134,9 @@ def test_two_rank_zero_run_with_batch_growth_stops_and_resumes(tmp_path, stage):
         "--eval_every", "4", "--checkpoint_every", "2", "--batch_growth_at", "0.5",
         "--num_workers", "0",
     ]  # fmt: skip
-    first = _launch(args + ["--stop_after_steps", "2"])
+    first = launch(args + ["--stop_after_steps", "2"])
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
-    second = _launch(args + ["--resume"])
+    second = launch(args + ["--resume"])
     assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
     records = [r for r in read_metrics(run_dir) if "encoder_loss" in r]
     assert [r["encoder_step"] for r in records] == [1, 2, 3, 4]
@@ -166,15 +147,13 @@ def test_two_rank_zero_run_with_batch_growth_stops_and_resumes(tmp_path, stage):
 
 def test_throughput_benchmark_tiny_preset_reports_every_field(tmp_path):
     out = tmp_path / "bench.json"
-    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
-        env.pop(key, None)
-    env.pop("MASTER_PORT", None)
     command = [
         sys.executable, "scripts/bench_throughput.py", "--preset", "tiny", "--steps", "2",
         "--warmup", "1", "--checkpointing", "0", "--max_length", "64", "--json", str(out),
     ]  # fmt: skip
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["matmul_peak_tflops"] > 0
