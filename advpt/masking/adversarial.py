@@ -60,6 +60,7 @@ def adversarial_corrupt(
     subset_temperature: float = 1.0,
     option_temperature: float = 1.0,
     straight_through_positions: bool = True,
+    sampler_backend: str = "auto",
 ) -> AdversarialSample:
     """Corrupt ``inputs`` at ``k`` noiser-chosen positions per row.
 
@@ -71,9 +72,13 @@ def adversarial_corrupt(
         straight_through_positions: apply straight-through to the position selection too.
             The paper's Algorithm 3 multiplies by a *hard* position mask, so the any-mask
             score gets no gradient at all; ``False`` keeps that literal form.
+        sampler_backend: ``auto``, ``torch`` or ``cuda``: who runs the subset sampler's loop
+            (``advpt.masking.subset.BACKENDS``).
     """
     scores = scores.float()
-    p_any = relaxed_subset_sample(scores[..., 0], eligible, k, subset_temperature, max_k=max_k)
+    p_any = relaxed_subset_sample(
+        scores[..., 0], eligible, k, subset_temperature, max_k=max_k, backend=sampler_backend
+    )
     positions = hard_top_k(p_any, eligible, k)
 
     option_logits = scores[..., 1:] + gumbel_like(scores[..., 1:])
