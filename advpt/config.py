@@ -43,7 +43,8 @@ class ModelConfig:
 
     encoder: str = "tape-base"  # tape-base | small | tiny
     noiser: str = "paper"  # paper | small | tiny
-    noiser_bidirectional: bool = True
+    noiser_arch: str = "gru"  # gru (the paper's) | transformer (higher capacity, beyond the paper)
+    noiser_bidirectional: bool = True  # GRU only; the transformer noiser always attends both ways
     activation_checkpointing: int = 0  # recompute every n-th encoder layer in backward; 0 = off
 
 
@@ -53,7 +54,9 @@ class MaskingConfig:
 
     The adversarial budget is ``round(adversarial_rate x residues)`` per sequence, chosen among
     the residues random masking left, so the totals match the paper's 20% and the random
-    baseline's ``random_rate + adversarial_rate``.
+    baseline's ``random_rate + adversarial_rate``. The ``importance`` estimator instead lets the
+    noiser draw all ``random_rate + adversarial_rate`` of the positions and reweights the loss
+    towards uniform masking (``advpt.masking.importance``).
     """
 
     random_rate: float = 0.1
@@ -62,19 +65,29 @@ class MaskingConfig:
     option_temperature: float = 1.0  # Gumbel-softmax over [MASK] / keep / replace
     # Straight-through on the position selection too; False is Algorithm 3's literal hard mask.
     straight_through_positions: bool = True
+    sampler_backend: str = "auto"  # subset sampler: auto | torch | cuda (the fused kernel)
+    estimator: str = "mixed"  # mixed (the paper's random + adversarial) | importance
+    importance_clip: float = 10.0  # cap on a position's importance ratio before self-normalizing
+    noiser_entropy_bonus: float = 0.0  # noiser maximises loss + this x mask position entropy
+    # Warn (and log mask_collapse) when the normalized mask position entropy falls below this.
+    collapse_entropy_threshold: float = 0.25
 
 
 @dataclass
 class ScheduleConfig:
-    """Alternating schedule (Algorithm 5), learning-rate and batch-size schedules.
+    """Alternating (Algorithm 5) or simultaneous schedule, learning-rate and batch-size schedules.
 
     Steps are optimizer steps, never micro-steps, so an accumulation window is never split.
     """
 
+    schedule: str = "alternating"  # alternating (the paper's) | simultaneous (one pass, both step)
+    reversal_scale: float = 1.0  # simultaneous: the noiser gets -reversal_scale x the gradient
     max_steps: int = 100_000  # encoder optimizer steps (noiser steps come on top)
     noiser_steps: int = 10  # noiser optimizer steps per cycle (maximise the MLM loss)
     encoder_steps: int = 10  # encoder optimizer steps per cycle (minimise it)
     warmup_steps: int = 10_000  # linear warmup, then linear decay to 0 at the last step
+    # Noiser LR warmup in noiser steps; -1 follows warmup_steps (scaled to the noiser's steps).
+    noiser_warmup_steps: int = -1
     batch_growth_at: float = 0.8  # fraction of training after which the global batch grows
     batch_growth_factor: int = 2  # paper: 128 -> 256 through gradient accumulation
 
@@ -117,7 +130,35 @@ class TrainConfig:
                 "random_rate + adversarial_rate must be at most 1",
             ),
             (self.masking.subset_temperature > 0, "subset_temperature must be > 0"),
+            (
+                self.masking.sampler_backend in ("auto", "torch", "cuda"),
+                "sampler_backend must be 'auto', 'torch' or 'cuda'",
+            ),
             (self.masking.option_temperature > 0, "option_temperature must be > 0"),
+            (
+                self.masking.estimator in ("mixed", "importance"),
+                "estimator must be 'mixed' or 'importance'",
+            ),
+            (self.masking.importance_clip > 0, "importance_clip must be > 0"),
+            (self.masking.noiser_entropy_bonus >= 0, "noiser_entropy_bonus must be >= 0"),
+            (
+                0.0 <= self.masking.collapse_entropy_threshold <= 1.0,
+                "collapse_entropy_threshold must be in [0, 1]",
+            ),
+            (
+                self.model.noiser_arch in ("gru", "transformer"),
+                "noiser_arch must be 'gru' or 'transformer'",
+            ),
+            (
+                self.model.noiser_arch == "gru" or self.model.noiser_bidirectional,
+                "noiser_bidirectional false needs noiser_arch gru",
+            ),
+            (
+                self.schedule.schedule in ("alternating", "simultaneous"),
+                "schedule must be 'alternating' or 'simultaneous'",
+            ),
+            (self.schedule.reversal_scale > 0, "reversal_scale must be > 0"),
+            (self.schedule.noiser_warmup_steps >= -1, "noiser_warmup_steps must be >= -1"),
             (self.data.max_length >= 3, "max_length must be at least 3 tokens"),
             (0.0 <= self.data.val_fraction < 1.0, "val_fraction must be in [0, 1)"),
             (self.schedule.max_steps > 0, "max_steps must be positive"),
@@ -135,12 +176,28 @@ class TrainConfig:
     def adversarial(self) -> bool:
         return self.run.mode == "adversarial"
 
+    @property
+    def simultaneous(self) -> bool:
+        """Whether one pass per step updates both engines (adversarial runs only)."""
+        return self.adversarial and self.schedule.schedule == "simultaneous"
+
+    @property
+    def importance(self) -> bool:
+        """Whether the noiser draws every masked position and the loss is reweighted."""
+        return self.adversarial and self.masking.estimator == "importance"
+
     def masking_rates(self) -> tuple[float, float]:
-        """(random, adversarial) rates; the random baseline masks the same total at random."""
+        """(random, adversarial) rates; every run masks the same total.
+
+        The random baseline masks it all at random, the importance estimator all adversarially.
+        """
         m = self.masking
-        if self.adversarial:
-            return m.random_rate, m.adversarial_rate
-        return m.random_rate + m.adversarial_rate, 0.0
+        total = m.random_rate + m.adversarial_rate
+        if not self.adversarial:
+            return total, 0.0
+        if self.importance:
+            return 0.0, total
+        return m.random_rate, m.adversarial_rate
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -31,11 +31,12 @@ from advpt.data.stream import MicroBatches, validation_batches  # noqa: E402
 from advpt.models import (  # noqa: E402
     ENCODER_PRESETS,
     NOISER_PRESETS,
-    GRUNoiser,
     MaskedLanguageModel,
+    build_noiser,
 )
 from advpt.training.checkpoint import CheckpointError  # noqa: E402
 from advpt.training.engines import build_engine, load_ds_config  # noqa: E402
+from advpt.training.schedule import noiser_lr_steps  # noqa: E402
 from advpt.training.trainer import NonFiniteError, Trainer  # noqa: E402
 
 
@@ -111,12 +112,21 @@ def build_trainer(config: TrainConfig, device: torch.device) -> Trainer:
     )
     noiser = None
     if config.adversarial:
-        noiser_cfg = dataclasses.replace(
-            NOISER_PRESETS[config.model.noiser], bidirectional=config.model.noiser_bidirectional
-        )
-        noiser_total = s.max_steps * s.noiser_steps // s.encoder_steps
-        noiser_warmup = s.warmup_steps * s.noiser_steps // s.encoder_steps
-        noiser = build_engine(GRUNoiser(noiser_cfg), noiser_ds, noiser_warmup, noiser_total)
+        m = config.model
+        warmup, total = noiser_lr_steps(
+            s.max_steps, s.warmup_steps, s.noiser_steps, s.encoder_steps,
+            s.noiser_warmup_steps, config.simultaneous,
+        )  # fmt: skip
+        model = build_noiser(m.noiser_arch, m.noiser, m.noiser_bidirectional)
+        noiser = build_engine(model, noiser_ds, warmup, total)
+        if config.simultaneous and (
+            noiser.gradient_accumulation_steps() != encoder.gradient_accumulation_steps()
+        ):
+            raise ConfigError(
+                f"the simultaneous schedule steps both engines together, so DeepSpeed configs "
+                f"{config.deepspeed_config} and {config.noiser_deepspeed_config} must give the "
+                "same gradient accumulation (train_batch_size)"
+            )
     return Trainer(config, encoder, noiser, stream, validation, device)
 
 

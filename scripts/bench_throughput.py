@@ -1,6 +1,7 @@
 """Training throughput of advpt: random vs adversarial MLM, per precision, checkpointing, batch.
 
     python scripts/bench_throughput.py --preset tiny                       # CPU, about a minute
+    python scripts/bench_throughput.py --preset tiny --modes random adversarial simultaneous
     python scripts/bench_throughput.py --preset tape-base --max_length 512 \\
         --precisions bf16 --checkpointing 0 1 --micro_batches 16 32 64 --json bench.json
 
@@ -9,7 +10,8 @@ encoder updates, then times ``--steps`` more. A row reports, per second of wall 
 sequences and non-padding tokens that went through *encoder updates*, so the noiser steps of an
 adversarial run show up as lost throughput; ``cost_vs_random`` is the time per encoder update
 relative to random MLM with the same precision, checkpointing and micro-batch, measured in the
-same process.
+same process. Modes: ``random``, ``adversarial`` (the paper's alternating schedule) and
+``simultaneous`` (adversarial, one joint pass per step: ``--schedule simultaneous``).
 
 Encoder FLOPs per encoder update (forward + backward, useful work only)::
 
@@ -46,7 +48,14 @@ from advpt.data.stream import stream_loader  # noqa: E402
 from advpt.models import ENCODER_PRESETS  # noqa: E402
 from advpt.tokenizer import VOCAB_SIZE  # noqa: E402
 from advpt.train import build_trainer, init_distributed  # noqa: E402
-from advpt.training.schedule import ENCODER  # noqa: E402
+from advpt.training.schedule import NOISER  # noqa: E402
+
+# Bench mode -> advpt.train flags.
+MODES = {
+    "random": ["--mode", "random"],
+    "adversarial": ["--mode", "adversarial"],
+    "simultaneous": ["--mode", "adversarial", "--schedule", "simultaneous"],
+}
 
 FIELDS = (
     "mode", "precision", "checkpointing", "micro_batch", "samples_per_s", "tokens_per_s",
@@ -123,7 +132,7 @@ def measure(args, mode: str, precision: str, checkpointing: int, micro: int, wor
         paths.append(str(path))
     config = parse_config([
         "--deepspeed_config", paths[0], "--noiser_deepspeed_config", paths[1],
-        "--mode", mode, "--encoder", args.preset, "--noiser", args.noiser,
+        *MODES[mode], "--encoder", args.preset, "--noiser", args.noiser,
         "--max_length", str(args.max_length), "--activation_checkpointing", str(checkpointing),
         "--data", args.data, "--run_dir", str(work / "run"), "--num_workers", str(args.workers),
         "--warmup_steps", "1", "--max_steps", str(10**6),
@@ -138,13 +147,12 @@ def measure(args, mode: str, precision: str, checkpointing: int, micro: int, wor
         flops = 0.0
         done = 0
         while done < encoder_updates:
-            phase = trainer.schedule.phase
-            engine = trainer.encoder if phase == ENCODER else trainer.noiser
-            step = trainer.encoder_micro_step if phase == ENCODER else trainer.noiser_micro_step
+            phase, engine, step = trainer.phase_step()
+            updates_encoder = phase != NOISER
             for _ in range(engine.gradient_accumulation_steps()):
                 batch = next(data)
                 step(batch.to(device))
-                if phase == ENCODER:
+                if updates_encoder:
                     length = batch.ids.shape[1]
                     tokens += batch.num_tokens
                     slots += batch.ids.numel()
@@ -153,11 +161,11 @@ def measure(args, mode: str, precision: str, checkpointing: int, micro: int, wor
                     flops += 12.0 * layers * hidden * length * batch.num_tokens
                     flops += 6.0 * (hidden * hidden + hidden * VOCAB_SIZE) * batch.num_masked
             trainer.schedule.advance()
-            done += phase == ENCODER
+            done += updates_encoder
         return tokens, slots, sequences, flops
 
-    # Whole noiser + encoder cycles, so an adversarial row counts its noiser steps in full.
-    cycle = config.schedule.encoder_steps
+    # Whole noiser + encoder cycles, so an alternating row counts its noiser steps in full.
+    cycle = 1 if config.simultaneous else config.schedule.encoder_steps
     warmup, steps = (-(-n // cycle) * cycle for n in (args.warmup, args.steps))
     run(warmup)
     sync(device)
@@ -189,14 +197,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="tiny", choices=sorted(ENCODER_PRESETS))
     parser.add_argument("--noiser", default=None, help="noiser preset (default: paper, or tiny)")
-    parser.add_argument("--modes", nargs="+", default=["random", "adversarial"])
+    parser.add_argument(
+        "--modes", nargs="+", default=["random", "adversarial"], choices=sorted(MODES)
+    )
     parser.add_argument("--precisions", nargs="+", default=None, help="fp32 bf16 fp16")
     parser.add_argument("--checkpointing", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--micro_batches", nargs="+", type=int, default=[8])
     parser.add_argument("--max_length", type=int, default=128)
     parser.add_argument("--zero", type=int, default=0, help="encoder ZeRO stage")
     parser.add_argument(
-        "--steps", type=int, default=10, help="timed encoder updates (whole cycles of 10)"
+        "--steps", type=int, default=10, help="timed encoder updates (whole alternating cycles)"
     )
     parser.add_argument("--warmup", type=int, default=10, help="untimed encoder updates first")
     parser.add_argument("--workers", type=int, default=1, help="DataLoader workers")

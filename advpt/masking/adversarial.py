@@ -96,3 +96,25 @@ def adversarial_corrupt(
     one_hot = (1.0 - any_mask).unsqueeze(-1) * x + any_mask.unsqueeze(-1) * x_masked
     ids = one_hot.argmax(dim=-1)  # equals `inputs` outside `positions`
     return AdversarialSample(one_hot, ids, positions, any_mask, option)
+
+
+def position_entropy(scores: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
+    """Normalized entropy of where the noiser masks, ``[B]`` in [0, 1] (1 = uniform).
+
+    The entropy of ``softmax(any-mask scores)`` over each row's eligible positions, divided by
+    ``log(eligible count)``. It falls towards 0 when a few positions take all the mass: the
+    subset sampler then picks the same ones every time (collapse), and the encoder learns just
+    those. Differentiable, for the noiser's entropy bonus; rows with < 2 eligible give 1.
+
+    Args:
+        scores: ``[B, L, 1 + 2 + A]`` noiser scores (only the any-mask score is used).
+        eligible: ``[B, L]`` bool positions the noiser may pick.
+    """
+    # A finite fill, not -inf: 0 x -inf would put NaN into the gradient of rows with no
+    # eligible position.
+    logits = scores[..., 0].float().masked_fill(~eligible, torch.finfo(torch.float32).min / 2)
+    log_p = torch.log_softmax(logits, dim=1)
+    p_log_p = torch.where(eligible, log_p.exp() * log_p, torch.zeros_like(log_p))
+    count = eligible.sum(dim=1)
+    normalizer = torch.log(count.clamp_min(2).float())
+    return torch.where(count >= 2, -p_log_p.sum(dim=1) / normalizer, torch.ones_like(normalizer))

@@ -1,11 +1,15 @@
-"""The noiser: a GRU that scores every residue for where and how to mask it (paper, Sec. 2).
+"""The noiser: scores every residue for where and how to mask it (paper, Sec. 2).
 
 It reads the *unmasked* sequence and returns, per token, ``1 + 2 + A`` scores: the any-mask
 score, then the mask-option scores ``[MASK]``, keep and replace-by-each-of-the-A residues.
+Two architectures: the paper's GRU, and a small transformer (the encoder's own layers), the
+"higher-capacity noiser" the paper's conclusion found too unstable; see ``TransformerNoiser``
+and the stabilizers in ``advpt.config`` (entropy bonus, noiser warmup, collapse alarm).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +17,7 @@ import torch.nn as nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from advpt.masking.adversarial import NUM_SCORES
+from advpt.models.encoder import EncoderConfig, ProteinEncoder
 from advpt.tokenizer import PAD_ID, VOCAB_SIZE
 
 
@@ -61,3 +66,55 @@ class GRUNoiser(nn.Module):
         out, _ = self.gru(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=ids.shape[1])
         return self.head(out).float()
+
+
+def _transformer_noiser(hidden: int, layers: int, heads: int, **extra) -> EncoderConfig:
+    """Encoder sizes for a noiser: no dropout, its randomness comes from the Gumbel noise."""
+    return EncoderConfig(
+        hidden_size=hidden, num_layers=layers, num_heads=heads, intermediate_size=4 * hidden,
+        dropout=0.0, attention_dropout=0.0, **extra,
+    )  # fmt: skip
+
+
+# "paper" is about the size of the paper's GRU (17M parameters, 4M of them position embeddings,
+# against the GRU's 14M), not a setting from the paper.
+TRANSFORMER_NOISER_PRESETS: dict[str, EncoderConfig] = {
+    "paper": _transformer_noiser(512, 4, 8),
+    "small": _transformer_noiser(128, 2, 4),
+    "tiny": _transformer_noiser(16, 1, 2, max_positions=1024),
+}
+
+
+class TransformerNoiser(nn.Module):
+    """The encoder's transformer body with a score head: attends to the whole sequence.
+
+    The head starts at zero, so a fresh noiser scores every position and option alike: it
+    begins as uniform random masking, the stable point, and moves away only as fast as its
+    learning rate and warmup allow.
+    """
+
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.body = ProteinEncoder(cfg)
+        self.head = nn.Linear(cfg.hidden_size, NUM_SCORES)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Scores ``[B, L, 1 + 2 + A]`` (float32) for ids ``[B, L]``; ``lengths`` ``[B]`` on CPU."""
+        length = ids.shape[1]
+        valid = torch.arange(length, device=ids.device) < lengths.to(ids.device).unsqueeze(1)
+        has_padding = bool((lengths < length).any())  # a CPU tensor: no device sync
+        return self.head(self.body(ids, valid, has_padding)).float()
+
+
+NOISER_ARCHITECTURES = ("gru", "transformer")
+
+
+def build_noiser(arch: str, preset: str, bidirectional: bool = True) -> nn.Module:
+    """A fresh noiser of architecture ``arch`` (gru | transformer) and size ``preset``."""
+    if arch == "gru":
+        return GRUNoiser(dataclasses.replace(NOISER_PRESETS[preset], bidirectional=bidirectional))
+    if arch == "transformer":
+        return TransformerNoiser(TRANSFORMER_NOISER_PRESETS[preset])
+    raise ValueError(f"noiser architecture must be one of {NOISER_ARCHITECTURES}, got {arch!r}")

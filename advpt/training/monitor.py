@@ -9,6 +9,7 @@ the scalars to TensorBoard (``<run_dir>/tensorboard``) and one JSON object per l
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -21,12 +22,15 @@ from torch.utils.tensorboard import SummaryWriter
 from advpt.masking.adversarial import NUM_OPTIONS, OPTION_KEEP, OPTION_MASK
 from advpt.tokenizer import FIRST_RESIDUE_ID, RESIDUES, VOCAB_SIZE
 
+logger = logging.getLogger(__name__)
+
 # Layout of the packed counter vector.
 _SCALARS = (
     "encoder_loss_sum", "encoder_micro_steps", "noiser_loss_sum", "noiser_micro_steps",
     "random_loss_sum", "random_correct", "random_count",
     "adversarial_loss_sum", "adversarial_correct", "adversarial_count",
     "tokens", "padded_slots",
+    "mask_entropy_sum", "noiser_draws", "importance_ess_sum", "importance_draws",
 )  # fmt: skip
 _OPTIONS = slice(len(_SCALARS), len(_SCALARS) + NUM_OPTIONS)
 _ADV_BY_RESIDUE = slice(_OPTIONS.stop, _OPTIONS.stop + VOCAB_SIZE)
@@ -80,6 +84,14 @@ class MetricsAccumulator:
         residues = (ids.flatten() >= FIRST_RESIDUE_ID).to(torch.float64)
         self.counters[_ALL_BY_RESIDUE].index_add_(0, ids.flatten(), residues)
 
+    def add_draw(self, entropy: torch.Tensor, importance_ess: torch.Tensor | None) -> None:
+        """A noiser draw's ``[B]`` position entropies and, if reweighted, its ESS share."""
+        self.add_scalar("mask_entropy_sum", entropy.detach().mean())
+        self.add_scalar("noiser_draws", 1.0)
+        if importance_ess is not None:
+            self.add_scalar("importance_ess_sum", importance_ess.detach())
+            self.add_scalar("importance_draws", 1.0)
+
     def summarize(self) -> dict[str, Any]:
         """Reduce over ranks, turn sums into metrics and reset. Host sync happens here only."""
         if dist.is_initialized():
@@ -100,6 +112,10 @@ class MetricsAccumulator:
                 out[f"{kind}_loss"] = loss
                 out[f"{kind}_accuracy"] = s[f"{kind}_correct"] / s[f"{kind}_count"]
                 out[f"{kind}_perplexity"] = math.exp(min(loss, 50.0))
+        averages = (("mask_entropy", "noiser_draws"), ("importance_ess", "importance_draws"))
+        for name, count in averages:
+            if s[count]:
+                out[name] = s[f"{name}_sum"] / s[count]
         out["tokens_per_s"] = s["tokens"] / max(elapsed, 1e-9)
         if s["padded_slots"]:
             out["padding_fraction"] = 1.0 - s["tokens"] / s["padded_slots"]
@@ -119,6 +135,25 @@ class MetricsAccumulator:
                     enrichment[letter] = (adv[i] / chosen) / (background[i] / total_bg)
             out["residue_mask_enrichment"] = enrichment
         return out
+
+
+def check_collapse(record: dict[str, Any], threshold: float, warn: bool) -> None:
+    """The collapse alarm: set ``record["mask_collapse"]`` and warn if ``mask_entropy`` is low.
+
+    A noiser that puts its mass on a few positions makes the subset sampler pick the same ones
+    every time, and the encoder then learns only those (the paper's "unstable" noisers).
+    """
+    if "mask_entropy" not in record:
+        return
+    collapsed = record["mask_entropy"] < threshold
+    record["mask_collapse"] = int(collapsed)
+    if collapsed and warn:
+        logger.warning(
+            "mask position entropy %.3f is below collapse_entropy_threshold %.3f at encoder step "
+            "%s: the noiser keeps masking the same few positions (try --noiser_entropy_bonus, a "
+            "lower noiser learning rate or a longer --noiser_warmup_steps)",
+            record["mask_entropy"], threshold, record.get("encoder_step"),
+        )  # fmt: skip
 
 
 class MetricsWriter:

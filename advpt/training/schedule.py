@@ -1,10 +1,11 @@
-"""Which engine trains next (Algorithm 5) and when the global batch grows."""
+"""Which engine trains next (Algorithm 5, or both at once) and when the global batch grows."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-NOISER, ENCODER = "noiser", "encoder"
+# Phases: one engine's optimizer step, or (JOINT) one step of each from a single pass.
+NOISER, ENCODER, JOINT = "noiser", "encoder", "joint"
 
 
 @dataclass
@@ -40,8 +41,45 @@ class AlternatingSchedule:
         return {"phase": self.phase, "steps_in_phase": self.steps_in_phase}
 
     def load_state_dict(self, state: dict) -> None:
+        if state["phase"] == JOINT:
+            raise ValueError(
+                "the checkpoint was written by the simultaneous schedule; resume it with "
+                "--schedule simultaneous"
+            )
         self.phase = str(state["phase"])
         self.steps_in_phase = int(state["steps_in_phase"])
+
+
+class SimultaneousSchedule:
+    """Every step is a joint step: one forward and backward updates noiser and encoder.
+
+    Beyond the paper: the noiser gets the encoder's gradient reversed, so no phase is spent on
+    the noiser alone (``advpt.masking.reversal``). Stateless; its state records only its kind.
+    """
+
+    phase = JOINT
+
+    def advance(self) -> None:
+        """Nothing to count: the next step is joint again."""
+
+    def state_dict(self) -> dict[str, str]:
+        return {"phase": JOINT}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("phase") != JOINT:
+            raise ValueError(
+                "the checkpoint was written by the alternating schedule; resume it with "
+                "--schedule alternating"
+            )
+
+
+def make_schedule(
+    simultaneous: bool, noiser_steps: int, encoder_steps: int, adversarial: bool
+) -> AlternatingSchedule | SimultaneousSchedule:
+    """The run's schedule: simultaneous, or alternating (every step an encoder step if random)."""
+    if simultaneous:
+        return SimultaneousSchedule()
+    return AlternatingSchedule(noiser_steps, encoder_steps, adversarial)
 
 
 def batch_growth(encoder_step: int, max_steps: int, grow_at: float, factor: int) -> int:
@@ -50,3 +88,25 @@ def batch_growth(encoder_step: int, max_steps: int, grow_at: float, factor: int)
     The paper trains at batch 128 for about 80% of training, then at 256 via accumulation.
     """
     return factor if encoder_step >= grow_at * max_steps else 1
+
+
+def noiser_lr_steps(
+    max_steps: int,
+    warmup_steps: int,
+    noiser_steps: int,
+    encoder_steps: int,
+    noiser_warmup_steps: int,
+    simultaneous: bool,
+) -> tuple[int, int]:
+    """``(warmup, total)`` noiser optimizer steps of the noiser's learning-rate schedule.
+
+    The noiser steps once per encoder step in the simultaneous schedule and
+    ``noiser_steps / encoder_steps`` times as often in the alternating one. Its warmup is
+    ``noiser_warmup_steps``, or with -1 the encoder's warmup scaled the same way.
+    """
+    ratio = (1, 1) if simultaneous else (noiser_steps, encoder_steps)
+    total = max_steps * ratio[0] // ratio[1]
+    warmup = noiser_warmup_steps
+    if warmup < 0:
+        warmup = warmup_steps * ratio[0] // ratio[1]
+    return warmup, total

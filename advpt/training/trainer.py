@@ -1,17 +1,24 @@
-"""The training loop: alternating noiser and encoder phases over two DeepSpeed engines.
+"""The training loop over two DeepSpeed engines: alternating phases, or both at once.
 
-One optimizer step of a phase is ``gradient_accumulation_steps`` micro-steps of that phase's
-engine. In a noiser step the encoder is frozen (``requires_grad`` off) and called through
-``encoder_engine.module``: since deepspeed 0.18.3 an engine hooks its own outputs, and a backward
-through them driven by the *other* engine breaks or silently rescales. The noiser engine then
-backpropagates ``-loss`` to maximise the MLM loss. In an encoder step the noiser runs under
-``no_grad`` and the encoder engine backpropagates ``loss``.
+Alternating (the paper's Algorithm 5, the default): one optimizer step of a phase is
+``gradient_accumulation_steps`` micro-steps of that phase's engine. In a noiser step the encoder
+is frozen (``requires_grad`` off) and called through ``encoder_engine.module``: since deepspeed
+0.18.3 an engine hooks its own outputs, and a backward through them driven by the *other* engine
+breaks or silently rescales. The noiser engine then backpropagates ``-loss`` to maximise the MLM
+loss. In an encoder step the noiser runs under ``no_grad`` and the encoder engine backpropagates
+``loss``.
+
+Simultaneous (``--schedule simultaneous``, beyond the paper): every micro-step runs the noiser,
+then the encoder *engine* on detached copies of the noiser's sample; the encoder engine's
+backward fills their gradients, and the noiser engine backpropagates them reversed
+(``advpt.masking.reversal``); then both engines step. One forward and one backward per
+micro-step, and each engine keeps its own accumulation, loss scaling and ZeRO reduction.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,12 +31,20 @@ from tqdm import tqdm
 from advpt.config import TrainConfig
 from advpt.data.collate import Batch
 from advpt.data.stream import MicroBatches, stream_loader
-from advpt.masking.adversarial import AdversarialSample, adversarial_corrupt
+from advpt.masking.adversarial import AdversarialSample, adversarial_corrupt, position_entropy
+from advpt.masking.importance import (
+    effective_sample_share,
+    importance_weights,
+    with_random_options,
+)
+from advpt.masking.reversal import EngineBridge
 from advpt.models.encoder import MLMOutput
 from advpt.training import checkpoint
 from advpt.training.engines import current_lr
-from advpt.training.monitor import MetricsAccumulator, MetricsWriter
-from advpt.training.schedule import ENCODER, NOISER, AlternatingSchedule, batch_growth
+from advpt.training.monitor import MetricsAccumulator, MetricsWriter, check_collapse
+from advpt.training.schedule import ENCODER, JOINT, NOISER, batch_growth, make_schedule
+
+MicroStep = Callable[[Batch], MLMOutput]
 
 
 class NonFiniteError(RuntimeError):
@@ -40,12 +55,29 @@ class NonFiniteError(RuntimeError):
 class Counters:
     encoder_step: int = 0  # encoder optimizer steps
     noiser_step: int = 0  # noiser optimizer steps
+    joint_step: int = 0  # simultaneous steps, which are counted in both of the above too
     micro_batches: int = 0  # micro-batches consumed from this rank's stream (data position)
 
     @property
     def step(self) -> int:
-        """All optimizer steps so far: the x axis of every logged metric."""
-        return self.encoder_step + self.noiser_step
+        """Optimizer steps so far, a joint step once: the x axis of every logged metric."""
+        return self.encoder_step + self.noiser_step - self.joint_step
+
+
+@dataclass
+class Draw:
+    """One noiser draw for a micro-batch, and what the losses and monitoring need from it.
+
+    Attributes:
+        sample: the corrupted input and chosen positions.
+        entropy: ``[B]`` normalized entropy of the position distribution (with the scores'
+            gradient, for the entropy bonus).
+        importance: ``[B, L]`` importance weights (importance estimator only), no gradient.
+    """
+
+    sample: AdversarialSample
+    entropy: torch.Tensor
+    importance: torch.Tensor | None
 
 
 class Trainer:
@@ -66,8 +98,11 @@ class Trainer:
         self.device = device
         self.run_dir = Path(config.run.run_dir)
         self.checkpoints = self.run_dir / "checkpoints"
-        self.schedule = AlternatingSchedule(
-            config.schedule.noiser_steps, config.schedule.encoder_steps, config.adversarial
+        self.schedule = make_schedule(
+            config.simultaneous,
+            config.schedule.noiser_steps,
+            config.schedule.encoder_steps,
+            config.adversarial,
         )
         self.counters = Counters()
         self.base_batch = {name: e.train_batch_size() for name, e in self.engines.items()}
@@ -98,48 +133,121 @@ class Trainer:
             m.subset_temperature,
             m.option_temperature,
             m.straight_through_positions,
+            m.sampler_backend,
         )
 
-    def noiser_micro_step(self, batch: Batch) -> MLMOutput:
-        """Maximise the MLM loss w.r.t. the noiser; the encoder is frozen."""
-        scores = self.noiser(batch.ids, batch.lengths)
-        sample = self._corrupt(scores, batch)
-        weight = torch.where(sample.positions, sample.weight, torch.ones_like(sample.weight))
+    def _draw(self, scores: torch.Tensor, batch: Batch) -> Draw:
+        """Sample the noiser's corruption from ``scores`` ``[B, L, 1 + 2 + A]``.
+
+        The importance estimator takes only the positions from the noiser and corrupts them
+        80/10/10, so that reweighting the positions recovers the random-MLM objective.
+        """
+        importance = None
+        if self.config.importance:
+            sample = self._corrupt(with_random_options(scores), batch)
+            importance = importance_weights(
+                scores[..., 0], batch.eligible, batch.budget, sample.positions,
+                self.config.masking.importance_clip,
+            )  # fmt: skip
+        else:
+            sample = self._corrupt(scores, batch)
+        return Draw(sample, position_entropy(scores, batch.eligible), importance)
+
+    def _loss_weight(self, draw: Draw, straight_through: bool) -> torch.Tensor | None:
+        """``[B, L]`` weight of each masked position in the MLM loss; None when all are 1.
+
+        The importance weights (if any); with ``straight_through``, times the straight-through
+        factor of the noiser's positions (1 in value), whose gradient tells the noiser where the
+        loss is counted.
+        """
+        weight = draw.importance
+        if straight_through:
+            sample = draw.sample
+            st = torch.where(sample.positions, sample.weight, torch.ones_like(sample.weight))
+            weight = st if weight is None else st * weight
+        return weight
+
+    def _entropy_bonus(self, draw: Draw) -> torch.Tensor:
+        """What the noiser gains for spreading its masks: bonus x mean position entropy."""
+        return self.config.masking.noiser_entropy_bonus * draw.entropy.mean()
+
+    def noiser_backward(self, batch: Batch) -> tuple[MLMOutput, Draw]:
+        """Gradients that maximise the MLM loss w.r.t. the noiser; the encoder is frozen."""
+        draw = self._draw(self.noiser(batch.ids, batch.lengths), batch)
         params = list(self.encoder.module.parameters())
         for p in params:
             p.requires_grad_(False)
         try:
             out = self.encoder.module(
-                sample.one_hot,
+                draw.sample.one_hot,
                 batch.valid,
                 batch.ids,
-                batch.random_masked | sample.positions,
+                batch.random_masked | draw.sample.positions,
                 batch.num_masked,
-                weight,
+                self._loss_weight(draw, straight_through=True),
                 batch.has_padding,
             )
-            self.noiser.backward(-out.loss)
+            self.noiser.backward(-(out.loss + self._entropy_bonus(draw)))
         finally:
             for p in params:
                 p.requires_grad_(True)
+        return out, draw
+
+    def encoder_backward(self, batch: Batch) -> tuple[MLMOutput, Draw | None]:
+        """Gradients that minimise the MLM loss w.r.t. the encoder; the noiser only samples."""
+        draw = None
+        tokens, masked, weight = batch.inputs, batch.random_masked, None
+        if self.noiser is not None:
+            with torch.no_grad():
+                draw = self._draw(self.noiser.module(batch.ids, batch.lengths), batch)
+            tokens, masked = draw.sample.ids, batch.random_masked | draw.sample.positions
+            weight = self._loss_weight(draw, straight_through=False)
+        out = self.encoder(
+            tokens, batch.valid, batch.ids, masked, batch.num_masked, weight, batch.has_padding
+        )
+        self.encoder.backward(out.loss)
+        return out, draw
+
+    def joint_backward(self, batch: Batch) -> tuple[MLMOutput, Draw]:
+        """One forward and backward: encoder gradients of the loss, noiser gradients reversed.
+
+        The encoder engine runs on detached copies of the noiser's straight-through sample and
+        loss weight (``EngineBridge``), so each engine's backward stays within its own graph;
+        the noiser receives ``-reversal_scale`` times the loss gradient at the cut.
+        """
+        draw = self._draw(self.noiser(batch.ids, batch.lengths), batch)
+        bridge = EngineBridge(draw.sample.one_hot, self._loss_weight(draw, straight_through=True))
+        one_hot, weight = bridge.leaves
+        masked = batch.random_masked | draw.sample.positions
+        out = self.encoder(
+            one_hot, batch.valid, batch.ids, masked, batch.num_masked, weight, batch.has_padding
+        )
+        bridge.watch(out.loss)
+        self.encoder.backward(out.loss)
+        objective = bridge.noiser_objective(self.config.schedule.reversal_scale)
+        self.noiser.backward(objective - self._entropy_bonus(draw))
+        return out, draw
+
+    def noiser_micro_step(self, batch: Batch) -> MLMOutput:
+        """A noiser backward and (at the accumulation boundary) its optimizer step."""
+        out, draw = self.noiser_backward(batch)
         self._step("noiser", self.noiser)
-        self._record(NOISER, out, sample, batch)
+        self._record(NOISER, out, draw, batch)
         return out
 
     def encoder_micro_step(self, batch: Batch) -> MLMOutput:
-        """Minimise the MLM loss w.r.t. the encoder; the noiser (if any) only samples."""
-        sample = None
-        tokens, masked = batch.inputs, batch.random_masked
-        if self.noiser is not None:
-            with torch.no_grad():
-                sample = self._corrupt(self.noiser.module(batch.ids, batch.lengths), batch)
-            tokens, masked = sample.ids, batch.random_masked | sample.positions
-        out = self.encoder(
-            tokens, batch.valid, batch.ids, masked, batch.num_masked, None, batch.has_padding
-        )
-        self.encoder.backward(out.loss)
+        """An encoder backward and (at the accumulation boundary) its optimizer step."""
+        out, draw = self.encoder_backward(batch)
         self._step("encoder", self.encoder)
-        self._record(ENCODER, out, sample, batch)
+        self._record(ENCODER, out, draw, batch)
+        return out
+
+    def joint_micro_step(self, batch: Batch) -> MLMOutput:
+        """A joint backward, then both engines step; logged as encoder loss (one shared loss)."""
+        out, draw = self.joint_backward(batch)
+        self._step("encoder", self.encoder)
+        self._step("noiser", self.noiser)
+        self._record(ENCODER, out, draw, batch)
         return out
 
     def _step(self, name: str, engine: deepspeed.DeepSpeedEngine) -> None:
@@ -159,14 +267,17 @@ class Trainer:
                 self._grad_norms[name] = torch.linalg.vector_norm(torch.stack(grads))
         engine.step()
 
-    def _record(
-        self, phase: str, out: MLMOutput, sample: AdversarialSample | None, batch: Batch
-    ) -> None:
-        if sample is None:
+    def _record(self, phase: str, out: MLMOutput, draw: Draw | None, batch: Batch) -> None:
+        if draw is None:
             is_adv = torch.zeros_like(out.token_correct)
         else:
+            sample = draw.sample
             is_adv = sample.positions.flatten().index_select(0, out.positions)
             self.metrics.add_masking(batch.ids, sample.positions, sample.option)
+            ess = None
+            if draw.importance is not None:
+                ess = effective_sample_share(draw.importance, sample.positions)
+            self.metrics.add_draw(draw.entropy, ess)
         self.metrics.add_step(phase, out.loss, out.token_loss, out.token_correct, is_adv)
         self.metrics.add_tokens(batch.num_tokens, batch.ids.numel())
 
@@ -182,23 +293,35 @@ class Trainer:
             if engine.train_batch_size() != target:
                 engine.set_train_batch_size(target)
 
+    def phase_step(self) -> tuple[str, deepspeed.DeepSpeedEngine, MicroStep]:
+        """The current phase, the engine whose accumulation window it fills, its micro-step.
+
+        A joint step fills both engines' windows, which have one length (checked at build).
+        """
+        phase = self.schedule.phase
+        if phase == NOISER:
+            return phase, self.noiser, self.noiser_micro_step
+        if phase == JOINT:
+            return phase, self.encoder, self.joint_micro_step
+        return phase, self.encoder, self.encoder_micro_step
+
     def _optimizer_step(self, data: Iterator[Batch]) -> None:
         """One optimizer step of the current phase: a full accumulation window of micro-steps."""
-        phase = self.schedule.phase
-        engine = self.noiser if phase == NOISER else self.encoder
-        micro_step = self.noiser_micro_step if phase == NOISER else self.encoder_micro_step
+        phase, engine, micro_step = self.phase_step()
         self._logging_step = (self.counters.step + 1) % self.config.run.log_every == 0
         for _ in range(engine.gradient_accumulation_steps()):
             batch = next(data).to(self.device)
             self.counters.micro_batches += 1
             micro_step(batch)
-        if phase == NOISER:
-            self.counters.noiser_step += 1
-        else:
-            self.counters.encoder_step += 1
+        trained = {"noiser": phase in (NOISER, JOINT), "encoder": phase in (ENCODER, JOINT)}
+        self.counters.noiser_step += trained["noiser"]
+        self.counters.encoder_step += trained["encoder"]
+        self.counters.joint_step += phase == JOINT
         self.schedule.advance()
         self._last_phase = phase
-        self._check_step_applied(phase, engine)
+        for name, engine in self.engines.items():
+            if trained[name]:
+                self._check_step_applied(name, engine)
 
     def _check_step_applied(self, name: str, engine: deepspeed.DeepSpeedEngine) -> None:
         """Count non-finite (skipped) steps in a row; too many saves the last good state and stops.
@@ -242,7 +365,10 @@ class Trainer:
             return False
         state = checkpoint.load_checkpoint(self.checkpoints, tag, self.engines)
         self.counters = Counters(**state["counters"])
-        self.schedule.load_state_dict(state["schedule"])
+        try:
+            self.schedule.load_state_dict(state["schedule"])
+        except ValueError as exc:
+            raise checkpoint.CheckpointError(f"{self.checkpoints}: {exc}") from None
         self.base_batch = dict(state["base_batch"])
         return True
 
@@ -311,6 +437,7 @@ class Trainer:
                 norm = self._grad_norms.pop(name)
             if norm is not None:
                 record[f"{name}_grad_norm"] = float(norm)
+        check_collapse(record, self.config.masking.collapse_entropy_threshold, warn=self.is_main)
         writer.write(self.counters.step, record)
         shown = {k: f"{record[k]:.3f}" for k in ("encoder_loss", "noiser_loss") if k in record}
         progress.set_postfix(**shown, tok_s=f"{record['tokens_per_s']:.0f}")
