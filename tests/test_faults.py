@@ -1,5 +1,6 @@
 """Bad input, crafted files, kills at random moments and a dying rank (real processes)."""
 
+import contextlib
 import json
 import os
 import pickle
@@ -112,16 +113,35 @@ def test_crafted_checkpoint_is_refused_without_running_it(tmp_path):
     assert not marker.exists()
 
 
-def _run_with_kills(args: list[str], kills: int, rng: random.Random) -> int:
-    """Run to completion, SIGKILLing it ``kills`` times at random moments; returns kills made."""
+def _last_logged_step(run_dir: Path) -> int:
+    """The newest ``step`` in metrics.jsonl (0 if none), ignoring a torn last line."""
+    step = 0
+    path = run_dir / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        with contextlib.suppress(json.JSONDecodeError):
+            step = json.loads(line).get("step", step)
+    return step
+
+
+def _run_with_kills(
+    args: list[str], run_dir: Path, last_step: int, kills: int, rng: random.Random
+) -> int:
+    """Run to completion, SIGKILLing it ``kills`` times at random moments; returns kills made.
+
+    Each kill waits until the run has logged a randomly chosen step it has not reached yet, then
+    a random fraction of a second more, so kills land in training, logging and saving alike.
+    """
     made = 0
     while True:
         command = [sys.executable, "-m", "advpt.train", *args, "--resume"]
         process = subprocess.Popen(command, cwd=REPO, env=child_env(), stderr=subprocess.DEVNULL)
-        if made < kills:
-            try:
-                process.wait(timeout=rng.uniform(4.0, 14.0))
-            except subprocess.TimeoutExpired:
+        reached = _last_logged_step(run_dir)
+        if made < kills and reached < last_step - 2:
+            target = rng.randint(reached + 1, last_step - 2)
+            while process.poll() is None and _last_logged_step(run_dir) < target:
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0.0, 0.3))
+            if process.poll() is None:
                 for child in psutil.Process(process.pid).children(recursive=True):
                     child.kill()
                 process.kill()
@@ -145,7 +165,9 @@ def test_killed_at_random_moments_then_resumed_matches_an_uninterrupted_run(tmp_
 
     seed = random.randrange(10**6)
     killed = tmp_path / "killed"
-    made = _run_with_kills(tiny_run_args(tmp_path, killed) + schedule, 2, random.Random(seed))
+    last_step = read_metrics(whole)[-1]["step"]
+    args = tiny_run_args(tmp_path, killed) + schedule
+    made = _run_with_kills(args, killed, last_step, 3, random.Random(seed))
     assert made >= 1, f"no kill landed (seed {seed})"
     timing = {"tokens_per_s", "val_seconds"}
     strip = [{k: v for k, v in r.items() if k not in timing} for r in read_metrics(whole)]

@@ -87,7 +87,8 @@ def adversarial_corrupt(
     m = straight_through(F.one_hot(option, NUM_OPTIONS).float(), p_option)
 
     x = F.one_hot(inputs, VOCAB_SIZE).float()  # [B, L, V]
-    mask_token = F.one_hot(torch.tensor(MASK_ID, device=inputs.device), VOCAB_SIZE).float()
+    mask_token = torch.zeros(VOCAB_SIZE, device=inputs.device)  # built on the device: no copy
+    mask_token[MASK_ID] = 1.0
     replace = F.pad(m[..., 2:], (FIRST_RESIDUE_ID, VOCAB_SIZE - FIRST_RESIDUE_ID - NUM_RESIDUES))
     x_masked = m[..., OPTION_MASK, None] * mask_token + m[..., OPTION_KEEP, None] * x + replace
 
