@@ -306,14 +306,24 @@ class Trainer:
         return phase, self.encoder, self.encoder_micro_step
 
     def _optimizer_step(self, data: Iterator[Batch]) -> None:
-        """One optimizer step of the current phase: a full accumulation window of micro-steps."""
+        """One optimizer step of the current phase: a full accumulation window of micro-steps.
+
+        The window's last micro-step is marked as the boundary explicitly. Left to itself an
+        engine finds its boundary by counting micro-steps since *it* was built: a resumed engine
+        restarts that count (DeepSpeed does not checkpoint it), and once the batch grows the
+        windows would then straddle optimizer steps differently from an uninterrupted run.
+        """
         phase, engine, micro_step = self.phase_step()
+        trained = {"noiser": phase in (NOISER, JOINT), "encoder": phase in (ENCODER, JOINT)}
+        stepping = [e for name, e in self.engines.items() if trained[name]]
         self._logging_step = (self.counters.step + 1) % self.config.run.log_every == 0
-        for _ in range(engine.gradient_accumulation_steps()):
+        window = engine.gradient_accumulation_steps()
+        for micro in range(window):
+            for e in stepping:
+                e.set_gradient_accumulation_boundary(micro == window - 1)
             batch = next(data).to(self.device)
             self.counters.micro_batches += 1
             micro_step(batch)
-        trained = {"noiser": phase in (NOISER, JOINT), "encoder": phase in (ENCODER, JOINT)}
         self.counters.noiser_step += trained["noiser"]
         self.counters.encoder_step += trained["encoder"]
         self.counters.joint_step += phase == JOINT
