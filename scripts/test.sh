@@ -4,4 +4,5 @@
 #   bash scripts/test.sh [pytest args]
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 ruff check .
+ruff format --check .
 python -m pytest -q "$@"
