@@ -34,7 +34,7 @@ from advpt.models import (  # noqa: E402
     MaskedLanguageModel,
     build_noiser,
 )
-from advpt.training.checkpoint import CheckpointError  # noqa: E402
+from advpt.models.pretrained import CheckpointError  # noqa: E402
 from advpt.training.engines import build_engine, load_ds_config  # noqa: E402
 from advpt.training.schedule import noiser_lr_steps  # noqa: E402
 from advpt.training.trainer import NonFiniteError, Trainer  # noqa: E402

@@ -22,3 +22,14 @@ def distributed():
         )  # fmt: skip
         deepspeed.init_distributed(dist_backend="gloo")
     yield
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run faster on one thread (and far faster when the two cores are shared)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

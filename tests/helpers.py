@@ -44,17 +44,34 @@ def tiny_run_args(tmp_path: Path, run_dir: Path, world: int = 1, **configs) -> l
     ]  # fmt: skip
 
 
-def build_tiny_trainer(tmp_path: Path, *extra_args: str, **ds_extra):
-    """An in-process Trainer (tiny presets, bundled proteome) on real DeepSpeed engines."""
+def build_tiny_trainer(tmp_path: Path, *extra_args: str, run_dir: Path | None = None, **ds_extra):
+    """An in-process Trainer (tiny presets, bundled proteome) on real DeepSpeed engines.
+
+    Its ``config.json`` is written to the run directory, as ``advpt.train`` does.
+    """
     import torch
 
     from advpt.config import parse_config
     from advpt.train import build_trainer
 
     tmp_path.mkdir(parents=True, exist_ok=True)
-    args = tiny_run_args(tmp_path, tmp_path / "run", **ds_extra) + ["--num_workers", "0"]
+    run_dir = run_dir or tmp_path / "run"
+    args = tiny_run_args(tmp_path, run_dir, **ds_extra) + ["--num_workers", "0"]
+    config = parse_config(args + list(extra_args))
     torch.manual_seed(0)
-    return build_trainer(parse_config(args + list(extra_args)), torch.device("cpu"))
+    trainer = build_trainer(config, torch.device("cpu"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
+    return trainer
+
+
+def pretrain_tiny(tmp_path: Path, run_dir: Path, **ds_extra):
+    """A real two-step pre-training run (random MLM, tiny encoder) in this process; its trainer
+    still holds the live engine. ``ds_extra`` goes into the DeepSpeed JSON (e.g. ZeRO, bf16)."""
+    schedule = ["--mode", "random", "--max_steps", "2", "--checkpoint_every", "2"]
+    trainer = build_tiny_trainer(tmp_path, *schedule, run_dir=run_dir, **ds_extra)
+    trainer.train()
+    return trainer
 
 
 def free_port() -> int:

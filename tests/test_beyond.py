@@ -21,8 +21,8 @@ from advpt.masking.importance import (
     with_random_options,
 )
 from advpt.masking.reversal import reverse_gradient
+from advpt.models.pretrained import CheckpointError
 from advpt.tokenizer import FIRST_RESIDUE_ID, MASK_ID, NUM_RESIDUES, VOCAB_SIZE
-from advpt.training.checkpoint import CheckpointError
 from advpt.training.schedule import noiser_lr_steps
 from tests.helpers import REPO, build_tiny_trainer, child_env, read_metrics, tiny_run_args
 

@@ -16,8 +16,9 @@ from advpt.export import main as export_main
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, ProteinEncoder
 from advpt.models.pretrained import CheckpointError, load_encoder, load_export, save_export
 from advpt.tokenizer import CLS_ID, FIRST_RESIDUE_ID, PAD_ID, SEP_ID, VOCAB_SIZE
-from tests.helpers import REPO, launch, tiny_run_args
-from tests.test_finetune import one_thread, pretrain_tiny  # noqa: F401 - fixture, helper
+from tests.helpers import REPO, launch, pretrain_tiny, tiny_run_args
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 ZERO_CONFIGS = {
     "zero0": {},

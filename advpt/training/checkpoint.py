@@ -34,6 +34,8 @@ from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
 from deepspeed.runtime.zero.config import ZeroStageEnum
 from deepspeed.utils.tensor_fragment import fragment_address
 
+from advpt.models.pretrained import CheckpointError
+
 _TAG = re.compile(r"^step(\d+)$")
 # Plain-data classes found in DeepSpeed's ZeRO and mixed-precision optimizer states (0.19).
 _DEEPSPEED_STATE_CLASSES = [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
@@ -94,10 +96,6 @@ def _prune(root: Path, keep: int) -> None:
 def latest_tag(root: Path) -> str | None:
     marker = root / "latest"
     return marker.read_text().strip() if marker.is_file() else None
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that advpt will not load."""
 
 
 def verify_weights_only(directory: Path) -> None:
