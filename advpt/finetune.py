@@ -12,7 +12,9 @@ the test splits are scored with the weights of the best validation score.
 
 Writes to ``--run_dir``: ``config.json`` (these settings), ``ds_config.json`` (the DeepSpeed
 config after ``--lr``/``--weight_decay``/``--batch_size``), ``metrics.jsonl`` and TensorBoard
-scalars per evaluation, and ``results.json`` (every split's metrics at the best checkpoint).
+scalars per evaluation, ``model/`` (the best-validation encoder + head as safetensors, unless
+``--save_model false``; load it with ``advpt.models.pretrained.load_task_model``) and, last,
+``results.json`` (every split's metrics at the best checkpoint).
 """
 
 from __future__ import annotations
@@ -60,10 +62,12 @@ from advpt.models.heads import (  # noqa: E402
     HeadConfig,
     TaskModel,
 )
-from advpt.models.pretrained import CheckpointError, load_encoder  # noqa: E402
+from advpt.models.pretrained import CheckpointError, load_encoder, save_task_model  # noqa: E402
 from advpt.train import init_distributed  # noqa: E402
 from advpt.training.engines import build_engine, current_lr, load_ds_config  # noqa: E402
 from advpt.training.monitor import MetricsWriter  # noqa: E402
+
+MODEL_DIR = "model"  # the best-validation model: advpt.models.pretrained.load_task_model(DIR)
 
 
 def _flag(default: Any, help: str, kind: type | None = None) -> Any:
@@ -97,6 +101,7 @@ class FinetuneConfig:
     use_valid_mask: bool = _flag(False, "secondary structure: leave residues whose valid_mask "
                                  "is false unscored (TAPE scores all)")  # fmt: skip
     seed: int = _flag(0, "seeds the head, the batch order and dropout")
+    save_model: bool = _flag(True, "write the best-validation model to <run_dir>/model")
 
     def validate(self) -> None:
         checks = [
@@ -367,6 +372,9 @@ def run_finetune(config: FinetuneConfig, device: torch.device) -> dict[str, Any]
         (run_dir / "ds_config.json").write_text(json.dumps(finetuner.ds_config, indent=2))
     results = finetuner.train()
     if finetuner.is_main:
+        if config.save_model:
+            task = {"task": results["task"], "label": results["label"]}
+            save_task_model(finetuner.engine.module, run_dir / MODEL_DIR, task)
         (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
 

@@ -12,6 +12,7 @@ so each encoder gets its own best setting); that setting is run with seeds 0..N-
 split is reported as the mean +/- sample standard deviation over the seeds. Runs live under
 ``<out>/<encoder>/<task>/``; finished runs (those with a ``results.json``) are reused, so an
 interrupted sweep continues where it stopped. Writes ``<out>/table.md`` and ``<out>/results.json``.
+The runs keep no weights (``-- --save_model true`` keeps each one's best model).
 """
 
 from __future__ import annotations
@@ -105,7 +106,9 @@ def finetune(args: argparse.Namespace, run_dir: Path, flags: list[str]) -> dict[
             command = [*shlex.split(args.launcher), str(REPO / "advpt" / "finetune.py")]
         else:
             command = [sys.executable, "-m", "advpt.finetune"]
-        command += [*flags, "--run_dir", str(run_dir), *args.finetune_args]
+        # dozens of runs: keep their scores, not their weights, unless the user asks after --
+        command += [*flags, "--run_dir", str(run_dir), "--save_model", "false"]
+        command += args.finetune_args
         log = run_dir / "finetune.log"
         print(f"  {shlex.join(command)}", flush=True)
         with log.open("w") as handle:

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-from advpt.config import parse_config
+from advpt.data.batching import LengthBucketedBatches
 from advpt.data.readers import DataError
 from advpt.data.tape_tasks import TASKS, TaskSplit, collate, read_split, spearman, task_spec
-from advpt.finetune import parse_args, run_finetune
+from advpt.finetune import evaluate, parse_args, run_finetune
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.heads import (
     IGNORE_LABEL,
@@ -32,9 +32,10 @@ from advpt.models.heads import (
     HeadConfig,
     TaskModel,
 )
-from advpt.train import build_trainer
-from advpt.training.trainer import Trainer
-from tests.helpers import REPO, child_env, read_metrics, tiny_run_args
+from advpt.models.pretrained import load_task_model
+from tests.helpers import REPO, child_env, pretrain_tiny, read_metrics
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 LETTERS = "ACDEFGHIKLMNPQRSTVWY"
 # The learnable signals: a residue's class is a function of its letter, a protein's fold is the
@@ -131,29 +132,6 @@ def write_task(data_dir: Path, task: str, fmt: str = "lmdb", seed: int = 0, scal
         records = [tape_record(task, i, rng) for i in range(size * scale)]
         write_split(data_dir, task, split, records, fmt)
     return data_dir
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run faster on one thread (and far faster when the two cores are shared)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def pretrain_tiny(tmp_path: Path, run_dir: Path, **ds_extra) -> Trainer:
-    """A real two-step pre-training run (random MLM, tiny encoder) in this process; its trainer
-    still holds the live engine. ``ds_extra`` goes into the DeepSpeed JSON (e.g. ZeRO, bf16)."""
-    args = tiny_run_args(tmp_path, run_dir, **ds_extra) + [
-        "--mode", "random", "--max_steps", "2", "--checkpoint_every", "2", "--num_workers", "0",
-    ]  # fmt: skip
-    config = parse_config(args)
-    trainer = build_trainer(config, torch.device("cpu"))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
-    trainer.train()
-    return trainer
 
 
 def finetune_args(data_dir: Path, task: str, run_dir: Path, *extra: str) -> list[str]:
@@ -269,6 +247,8 @@ def test_task_outputs_do_not_depend_on_padding(kind, pooling):
     with torch.no_grad():
         padded = model(together.tokens, together.valid, together.targets).outputs[:1]
         unpadded = model(alone.tokens, alone.valid, alone.targets).outputs
+        predicted = model(alone.tokens, alone.valid)  # prediction: no targets, no loss
+    assert predicted.loss is None and torch.equal(predicted.outputs, unpadded)
     if kind == PER_RESIDUE:
         padded = padded[:, :5]
     torch.testing.assert_close(padded, unpadded, rtol=1e-5, atol=1e-5)
@@ -306,6 +286,14 @@ def test_learnable_signal_is_learned_far_above_chance(tmp_path, distributed):
     results = run_finetune(parse_args(args + ["--eval_every", "6"]), torch.device("cpu"))
     for split in ("cb513", "casp12", "ts115"):  # chance: about 1/3
         assert results["splits"][split]["accuracy"] > 0.9
+
+    # the saved best model, reloaded without DeepSpeed, scores what the run reported
+    model = load_task_model(tmp_path / "run" / "model")
+    assert model.kind == "per_residue" and model.num_labels == 3
+    split = read_split(data, task_spec("secondary_structure"), "cb513", 512)
+    batches = LengthBucketedBatches(split.token_lengths, 16, shuffle=False, drop_last=False)
+    again = evaluate(model, split, batches.epoch_batches(0), model.kind, torch.device("cpu"))
+    assert again == pytest.approx(results["splits"]["cb513"])
 
 
 def test_same_seed_same_run_and_early_stopping(tmp_path, distributed):
@@ -369,6 +357,7 @@ def test_sweep_tabulates_two_encoders_and_reuses_finished_runs(tmp_path, distrib
     # `python -m advpt.finetune` run; the adversarial column fine-tunes the pre-training run
     runs = sorted(out.glob("*/fluorescence/*/*/results.json"))
     assert len(runs) == 6
+    assert not list(out.glob("*/fluorescence/*/*/model"))  # scores kept, weights not
     assert {json.loads(r.read_text())["pretrained"] for r in runs} == {str(run), "none"}
     assert (
         "fluorescence (log_fluorescence), best step"

@@ -115,7 +115,7 @@ class TaskOutput(NamedTuple):
     ``outputs``: logits ``[B, L, C]`` (per residue), ``[B, C]`` (per sequence) or values ``[B]``.
     """
 
-    loss: torch.Tensor
+    loss: torch.Tensor | None  # None when called without targets
     outputs: torch.Tensor
 
 
@@ -127,6 +127,8 @@ class TaskModel(nn.Module):
         if kind not in KINDS:
             raise ValueError(f"task kind must be one of {', '.join(KINDS)}, got {kind!r}")
         self.kind = kind
+        self.num_labels = num_labels
+        self.head_config = head
         self.encoder = encoder
         size = encoder.cfg.hidden_size
         if kind == PER_RESIDUE:
@@ -138,20 +140,28 @@ class TaskModel(nn.Module):
             self.head = SimpleMLP(size, head.hidden_size, out_dim, head.dropout)
 
     def forward(
-        self, tokens: torch.Tensor, valid: torch.Tensor, targets: torch.Tensor
+        self, tokens: torch.Tensor, valid: torch.Tensor, targets: torch.Tensor | None = None
     ) -> TaskOutput:
         """``tokens``, ``valid`` ``[B, L]``; ``targets`` ``[B, L]`` labels (``IGNORE_LABEL``
-        where unscored), ``[B]`` class ids or ``[B]`` float values, by task kind."""
+        where unscored), ``[B]`` class ids or ``[B]`` float values, by task kind; without
+        targets (prediction) the loss is None."""
         hidden = self.encoder(tokens, valid)  # [B, L, H]
         if self.kind == PER_RESIDUE:
-            logits = self.head(hidden, valid).float()  # [B, L, C]
+            outputs = self.head(hidden, valid).float()  # [B, L, C]
+        else:
+            outputs = self.head(self.pooler(hidden, valid)).float()  # [B, C] or [B, 1]
+            if self.kind == REGRESSION:
+                outputs = outputs.squeeze(-1)  # [B]
+        return TaskOutput(None if targets is None else self.loss(outputs, targets), outputs)
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """TAPE's loss of ``outputs`` (as :meth:`forward` gives them) against ``targets``."""
+        if self.kind == PER_RESIDUE:
             # mean over scored residues; a batch without any (all masked) gives 0, not NaN
             total = F.cross_entropy(
-                logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_LABEL, reduction="sum"
+                outputs.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_LABEL, reduction="sum"
             )
-            return TaskOutput(total / (targets != IGNORE_LABEL).sum().clamp(min=1), logits)
-        out = self.head(self.pooler(hidden, valid)).float()  # [B, C] or [B, 1]
+            return total / (targets != IGNORE_LABEL).sum().clamp(min=1)
         if self.kind == PER_SEQUENCE:
-            return TaskOutput(F.cross_entropy(out, targets), out)
-        values = out.squeeze(-1)  # [B]
-        return TaskOutput(F.mse_loss(values, targets.float()), values)
+            return F.cross_entropy(outputs, targets)
+        return F.mse_loss(outputs, targets.float())

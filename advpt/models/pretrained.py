@@ -9,6 +9,9 @@
   loads with torch and safetensors alone, no DeepSpeed;
 * a TAPE ``ProteinBertModel.save_pretrained`` directory (``config.json`` + ``pytorch_model.bin``).
 
+Fine-tuned models (encoder + TAPE head, written by ``advpt.finetune``) use the export layout
+with their task and head settings added: :func:`save_task_model` / :func:`load_task_model`.
+
 TAPE's BERT differs from advpt's encoder only in layout: separate query/key/value projections
 (advpt fuses them into ``qkv`` in q|k|v order) and a token-type table whose row 0 TAPE adds at
 every position (advpt folds it into the position table). The hidden states are identical.
@@ -19,23 +22,27 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from advpt.models.encoder import ENCODER_PRESETS, EncoderConfig, MaskedLanguageModel, ProteinEncoder
+from advpt.models.heads import HeadConfig, TaskModel
 
 EXPORT_FORMAT = "advpt-encoder"
+TASK_MODEL_FORMAT = "advpt-task-model"
 CONFIG_FILE = "config.json"
 EXPORT_WEIGHTS = "model.safetensors"
 TAPE_WEIGHTS = "pytorch_model.bin"
 
 State = dict[str, torch.Tensor]
+ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
 
 class CheckpointError(ValueError):
-    """A pre-trained encoder directory that is missing, incomplete or of an unknown kind."""
+    """A checkpoint or pre-trained encoder directory that is missing, incomplete, unsafe to
+    unpickle or of an unknown kind; reported as one sentence."""
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -48,16 +55,21 @@ def _read_json(path: Path) -> dict[str, Any]:
     return content
 
 
-def _build(cfg: EncoderConfig, state: State, source: Path) -> ProteinEncoder:
-    """A fp32 encoder holding ``state``; a missing or misshapen tensor names ``source``."""
-    encoder = ProteinEncoder(cfg)
+def _load_into(module: ModuleT, state: State, source: Path) -> ModuleT:
+    """``module`` holding ``state`` in fp32, in eval mode; a missing or misshapen tensor names
+    ``source``."""
     try:
-        encoder.load_state_dict({name: t.float() for name, t in state.items()})
+        module.load_state_dict({name: t.float() for name, t in state.items()})
     except RuntimeError as err:
         first = str(err).strip().splitlines()
         detail = first[1].strip() if len(first) > 1 else first[0]
-        raise CheckpointError(f"{source} does not fit the encoder it describes: {detail}") from None
-    return encoder.eval()
+        raise CheckpointError(f"{source} does not fit the model it describes: {detail}") from None
+    return module.eval()
+
+
+def _build(cfg: EncoderConfig, state: State, source: Path) -> ProteinEncoder:
+    """A fp32 encoder holding ``state``."""
+    return _load_into(ProteinEncoder(cfg), state, source)
 
 
 def load_encoder(path: str | Path) -> ProteinEncoder:
@@ -118,10 +130,8 @@ def _consolidated(engine_dir: Path, tag: str, model: MaskedLanguageModel) -> Sta
     folder = engine_dir / tag
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint {folder} is missing")
-    try:  # DeepSpeed unpickles in full: refuse files that hold more than plain data first
-        run_checkpoint.verify_weights_only(folder)
-    except run_checkpoint.CheckpointError as err:
-        raise CheckpointError(str(err)) from None
+    # DeepSpeed unpickles in full: refuse files that hold more than plain data first.
+    run_checkpoint.verify_weights_only(folder)
     if any(folder.glob("*zero_pp_rank_*_optim_states.pt")):
         return get_fp32_state_dict_from_zero_checkpoint(str(engine_dir), tag)
     checkpoint = torch.load(
@@ -161,26 +171,62 @@ def _fp32_masters(optimizer_state: dict[str, Any], model: MaskedLanguageModel) -
 # ----------------------------------------------------------------------------- advpt exports
 
 
+def _save_weights_dir(module: torch.nn.Module, out_dir: Path, config: dict[str, Any]) -> None:
+    """Write ``config`` as ``config.json`` and ``module``'s fp32 weights as safetensors."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    state = {k: v.detach().float().contiguous() for k, v in module.state_dict().items()}
+    save_file(state, str(out_dir / EXPORT_WEIGHTS), metadata={"format": config["format"]})
+
+
+def _read_weights_config(root: Path, kind: str, what: str) -> tuple[dict[str, Any], EncoderConfig]:
+    """The ``config.json`` of a :func:`_save_weights_dir` directory of format ``kind``."""
+    config = _read_json(root / CONFIG_FILE)
+    if config.get("format") != kind or not isinstance(config.get("encoder"), dict):
+        raise CheckpointError(f"{root / CONFIG_FILE} is not an advpt {what}")
+    try:
+        return config, EncoderConfig(**config["encoder"])
+    except TypeError as err:
+        raise CheckpointError(f"{root / CONFIG_FILE}: bad encoder settings ({err})") from None
+
+
 def save_export(encoder: ProteinEncoder, out_dir: Path) -> None:
     """Write ``encoder`` as ``config.json`` (its :class:`EncoderConfig`) + ``model.safetensors``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     config = {"format": EXPORT_FORMAT, "encoder": dataclasses.asdict(encoder.cfg)}
-    (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    state = {k: v.detach().float().contiguous() for k, v in encoder.state_dict().items()}
-    save_file(state, str(out_dir / EXPORT_WEIGHTS), metadata={"format": EXPORT_FORMAT})
+    _save_weights_dir(encoder, out_dir, config)
 
 
 def load_export(export_dir: str | Path) -> ProteinEncoder:
     """An encoder written by :func:`save_export`; needs torch and safetensors only."""
     root = Path(export_dir)
-    config = _read_json(root / CONFIG_FILE)
-    if config.get("format") != EXPORT_FORMAT or not isinstance(config.get("encoder"), dict):
-        raise CheckpointError(f"{root / CONFIG_FILE} is not an advpt encoder export")
-    try:
-        cfg = EncoderConfig(**config["encoder"])
-    except TypeError as err:
-        raise CheckpointError(f"{root / CONFIG_FILE}: bad encoder settings ({err})") from None
+    _, cfg = _read_weights_config(root, EXPORT_FORMAT, "encoder export")
     return _build(cfg, load_file(str(root / EXPORT_WEIGHTS)), root / EXPORT_WEIGHTS)
+
+
+def save_task_model(model: TaskModel, out_dir: Path, task: dict[str, Any]) -> None:
+    """Write a fine-tuned encoder + head (``task``: what it predicts, for its reader)."""
+    config = {
+        "format": TASK_MODEL_FORMAT,
+        "task": task,
+        "kind": model.kind,
+        "num_labels": model.num_labels,
+        "head": dataclasses.asdict(model.head_config),
+        "encoder": dataclasses.asdict(model.encoder.cfg),
+    }
+    _save_weights_dir(model, out_dir, config)
+
+
+def load_task_model(model_dir: str | Path) -> TaskModel:
+    """A fine-tuned model written by :func:`save_task_model`, in eval mode, on the CPU."""
+    root = Path(model_dir)
+    config, cfg = _read_weights_config(root, TASK_MODEL_FORMAT, "fine-tuned model")
+    try:
+        model = TaskModel(
+            ProteinEncoder(cfg), config["kind"], config["num_labels"], HeadConfig(**config["head"])
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{root / CONFIG_FILE}: bad task settings ({err})") from None
+    return _load_into(model, load_file(str(root / EXPORT_WEIGHTS)), root / EXPORT_WEIGHTS)
 
 
 # ----------------------------------------------------------------------------- TAPE
