@@ -212,3 +212,19 @@ def test_metrics_of_a_resumed_run_drop_a_torn_last_line(tmp_path):
     )
     MetricsWriter(tmp_path, enabled=True, resume_step=2).close()
     assert read_metrics(tmp_path) == [{"step": 1, "x": 1}, {"step": 2}]
+
+
+def test_remains_of_a_killed_prune_are_deleted_by_the_next_save(tmp_path):
+    args = tiny_run_args(tmp_path, tmp_path / "run") + [
+        "--mode", "random", "--max_steps", "3", "--checkpoint_every", "1",
+        "--keep_checkpoints", "1", "--num_workers", "0",
+    ]  # fmt: skip
+    assert run_module(args + ["--stop_after_steps", "2"]).returncode == 0
+    checkpoints = tmp_path / "run" / "checkpoints"
+    remains = checkpoints / "encoder" / "step00000001"  # its rng/ part was pruned, then the kill
+    remains.mkdir()
+    (remains / "mp_rank_00_model_states.pt").write_bytes(b"half-deleted")
+    assert run_module(args + ["--resume"]).returncode == 0
+    parts = [part for part in checkpoints.iterdir() if part.is_dir()]
+    kept = {part.name: sorted(t.name for t in part.iterdir()) for part in parts}
+    assert kept == {"encoder": ["step00000003"], "rng": ["step00000003"]}

@@ -80,17 +80,22 @@ def save_checkpoint(
         marker = root / "latest.tmp"
         marker.write_text(tag + "\n")
         os.replace(marker, root / "latest")
-        _prune(root, keep)
+        _prune(root, tag, keep)
     _barrier()
 
 
-def _prune(root: Path, keep: int) -> None:
-    """Delete all but the ``keep`` newest complete checkpoints."""
-    tags = sorted(p.name for p in (root / "rng").iterdir() if _TAG.match(p.name))
+def _prune(root: Path, newest: str, keep: int) -> None:
+    """Delete every part of all but the ``keep`` newest checkpoints up to ``newest``.
+
+    Tags are gathered from every part, so the remains of a prune that was itself killed
+    half-way (say ``encoder/<tag>`` left, ``rng/<tag>`` gone) are deleted the next time.
+    """
+    parts = [part for part in root.iterdir() if part.is_dir()]
+    names = {p.name for part in parts for p in part.iterdir()}
+    tags = sorted(name for name in names if _TAG.match(name) and name <= newest)
     for old in tags[: max(0, len(tags) - keep)]:
-        for part in root.iterdir():
-            if part.is_dir():
-                shutil.rmtree(part / old, ignore_errors=True)
+        for part in parts:
+            shutil.rmtree(part / old, ignore_errors=True)
 
 
 def latest_tag(root: Path) -> str | None:
