@@ -129,7 +129,9 @@ def _run_with_kills(
     """Run to completion, SIGKILLing it ``kills`` times at random moments; returns kills made.
 
     Each kill waits until the run has logged a randomly chosen step it has not reached yet, then
-    a random fraction of a second more, so kills land in training, logging and saving alike.
+    a random fraction of a second more, so kills land in training, logging and saving alike. The
+    step is drawn from the first half of what is left, so that even on a fast machine the run
+    is still going when the kill comes.
     """
     made = 0
     while True:
@@ -137,7 +139,7 @@ def _run_with_kills(
         process = subprocess.Popen(command, cwd=REPO, env=child_env(), stderr=subprocess.DEVNULL)
         reached = _last_logged_step(run_dir)
         if made < kills and reached < last_step - 2:
-            target = rng.randint(reached + 1, last_step - 2)
+            target = rng.randint(reached + 1, reached + max(1, (last_step - reached) // 2))
             while process.poll() is None and _last_logged_step(run_dir) < target:
                 time.sleep(0.05)
             time.sleep(rng.uniform(0.0, 0.3))
