@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from advpt.training.monitor import MetricsAccumulator
 from advpt.training.trainer import NonFiniteError
 from tests.helpers import build_tiny_trainer
 
@@ -96,3 +97,25 @@ def test_too_many_non_finite_steps_stop_the_run_with_a_checkpoint(tmp_path, dist
         trainer.train()
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step00000000"
     assert trainer.noiser.skipped_steps == 3
+
+
+def test_adversarial_losses_are_split_by_corruption():
+    metrics = MetricsAccumulator(torch.device("cpu"))
+    token_loss = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    option = torch.tensor([0, 1, 7, 0, 2])  # [MASK], keep, replace by residue 5, [MASK], ...
+    is_adversarial = torch.tensor([True, True, True, False, True])
+    metrics.add_option_losses(token_loss, option, is_adversarial)
+    summary = metrics.summarize()
+    assert summary["adversarial_mask_loss"] == 1.0  # the random [MASK] position is not counted
+    assert summary["adversarial_keep_loss"] == 2.0
+    assert summary["adversarial_replace_loss"] == 4.0
+
+
+def test_logged_option_losses_add_up_to_the_adversarial_loss(trainer):
+    batch = trainer.stream[0]
+    trainer.encoder_micro_step(batch)
+    s = trainer.metrics.summarize()
+    shares = {"mask": s["option_mask_share"], "keep": s["option_keep_share"],
+              "replace": s["option_replace_share"]}  # fmt: skip
+    mixed = sum(share * s.get(f"adversarial_{name}_loss", 0.0) for name, share in shares.items())
+    assert mixed == pytest.approx(s["adversarial_loss"], rel=1e-9)

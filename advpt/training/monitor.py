@@ -35,7 +35,11 @@ _SCALARS = (
 _OPTIONS = slice(len(_SCALARS), len(_SCALARS) + NUM_OPTIONS)
 _ADV_BY_RESIDUE = slice(_OPTIONS.stop, _OPTIONS.stop + VOCAB_SIZE)
 _ALL_BY_RESIDUE = slice(_ADV_BY_RESIDUE.stop, _ADV_BY_RESIDUE.stop + VOCAB_SIZE)
-_SIZE = _ALL_BY_RESIDUE.stop
+# Adversarial positions by how they were corrupted: [MASK], kept, replaced by any residue.
+_OPTION_GROUPS = ("mask", "keep", "replace")
+_ADV_LOSS_BY_GROUP = slice(_ALL_BY_RESIDUE.stop, _ALL_BY_RESIDUE.stop + len(_OPTION_GROUPS))
+_ADV_COUNT_BY_GROUP = slice(_ADV_LOSS_BY_GROUP.stop, _ADV_LOSS_BY_GROUP.stop + len(_OPTION_GROUPS))
+_SIZE = _ADV_COUNT_BY_GROUP.stop
 _INDEX = {name: i for i, name in enumerate(_SCALARS)}
 
 
@@ -71,6 +75,19 @@ class MetricsAccumulator:
         c[_INDEX["adversarial_loss_sum"]] += (token_loss * adv).sum()
         c[_INDEX["adversarial_correct"]] += (correct * adv).sum()
         c[_INDEX["adversarial_count"]] += adv.sum()
+
+    def add_option_losses(
+        self, token_loss: torch.Tensor, option: torch.Tensor, is_adversarial: torch.Tensor
+    ) -> None:
+        """Per-position ``[N]`` losses of the adversarial positions, grouped by their option.
+
+        Tells which corruption the encoder finds hard: a noiser that replaces residues in a way
+        the encoder can decode shows up as a low ``adversarial_replace_loss``.
+        """
+        group = option.clamp(max=len(_OPTION_GROUPS) - 1)  # every replace-by-residue option: 2
+        adv = is_adversarial.to(torch.float64)
+        self.counters[_ADV_LOSS_BY_GROUP].index_add_(0, group, token_loss.to(torch.float64) * adv)
+        self.counters[_ADV_COUNT_BY_GROUP].index_add_(0, group, adv)
 
     def add_tokens(self, num_tokens: int, padded_slots: int) -> None:
         self.counters[_INDEX["tokens"]] += num_tokens
@@ -112,6 +129,10 @@ class MetricsAccumulator:
                 out[f"{kind}_loss"] = loss
                 out[f"{kind}_accuracy"] = s[f"{kind}_correct"] / s[f"{kind}_count"]
                 out[f"{kind}_perplexity"] = math.exp(min(loss, 50.0))
+        by_group = zip(_OPTION_GROUPS, c[_ADV_LOSS_BY_GROUP], c[_ADV_COUNT_BY_GROUP], strict=True)
+        for name, loss_sum, count in by_group:
+            if count:
+                out[f"adversarial_{name}_loss"] = loss_sum / count
         averages = (("mask_entropy", "noiser_draws"), ("importance_ess", "importance_draws"))
         for name, count in averages:
             if s[count]:

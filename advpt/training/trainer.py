@@ -273,6 +273,8 @@ class Trainer:
         else:
             sample = draw.sample
             is_adv = sample.positions.flatten().index_select(0, out.positions)
+            option = sample.option.flatten().index_select(0, out.positions)
+            self.metrics.add_option_losses(out.token_loss, option, is_adv)
             self.metrics.add_masking(batch.ids, sample.positions, sample.option)
             ess = None
             if draw.importance is not None:
