@@ -45,6 +45,9 @@ class ModelConfig:
     noiser: str = "paper"  # paper | small | tiny
     noiser_arch: str = "gru"  # gru (the paper's) | transformer (higher capacity, beyond the paper)
     noiser_bidirectional: bool = True  # GRU only; the transformer noiser always attends both ways
+    # GRU only: score each position from its neighbours alone, so where and how the noiser
+    # corrupts cannot depend on (and give away) the residue there. Off = the paper's noiser.
+    noiser_context_only: bool = False
     activation_checkpointing: int = 0  # recompute every n-th encoder layer in backward; 0 = off
 
 
@@ -152,6 +155,10 @@ class TrainConfig:
             (
                 self.model.noiser_arch == "gru" or self.model.noiser_bidirectional,
                 "noiser_bidirectional false needs noiser_arch gru",
+            ),
+            (
+                self.model.noiser_arch == "gru" or not self.model.noiser_context_only,
+                "noiser_context_only needs noiser_arch gru",
             ),
             (
                 self.schedule.schedule in ("alternating", "simultaneous"),

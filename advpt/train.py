@@ -117,7 +117,7 @@ def build_trainer(config: TrainConfig, device: torch.device) -> Trainer:
             s.max_steps, s.warmup_steps, s.noiser_steps, s.encoder_steps,
             s.noiser_warmup_steps, config.simultaneous,
         )  # fmt: skip
-        model = build_noiser(m.noiser_arch, m.noiser, m.noiser_bidirectional)
+        model = build_noiser(m.noiser_arch, m.noiser, m.noiser_bidirectional, m.noiser_context_only)
         noiser = build_engine(model, noiser_ds, warmup, total)
         if config.simultaneous and (
             noiser.gradient_accumulation_steps() != encoder.gradient_accumulation_steps()

@@ -316,6 +316,10 @@ def test_noiser_has_its_own_warmup_learning_rate_and_clipping(tmp_path, distribu
             ["--noiser_arch", "transformer", "--noiser_bidirectional", "false"],
             "noiser_bidirectional false needs noiser_arch gru",
         ),
+        (
+            ["--noiser_arch", "transformer", "--noiser_context_only"],
+            "noiser_context_only needs noiser_arch gru",
+        ),
         (["--noiser_entropy_bonus", "-0.1"], "noiser_entropy_bonus must be >= 0"),
         (["--collapse_entropy_threshold", "2"], "collapse_entropy_threshold must be in"),
         (["--noiser_warmup_steps", "-2"], "noiser_warmup_steps must be >= -1"),
@@ -330,7 +334,7 @@ def test_defaults_are_the_papers():
     config = parse_config([])
     assert config.schedule.schedule == "alternating"
     assert config.masking.estimator == "mixed"
-    assert config.model.noiser_arch == "gru"
+    assert config.model.noiser_arch == "gru" and not config.model.noiser_context_only
     assert config.masking.noiser_entropy_bonus == 0.0
     assert config.masking_rates() == (0.1, 0.1)
     importance = parse_config(["--estimator", "importance"])

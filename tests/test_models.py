@@ -1,3 +1,6 @@
+import dataclasses
+
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -80,3 +83,24 @@ def test_noiser_scores_each_token_and_ignores_padding():
     assert scores.shape == (2, 11, NUM_SCORES)
     alone = noiser(ids[1:, :6], lengths[1:])  # the short row without any padding
     torch.testing.assert_close(scores[1:, :6], alone, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_context_only_noiser_cannot_see_the_residue_it_scores(bidirectional):
+    torch.manual_seed(3)
+    ids, valid = _ids([11, 6])
+    lengths = valid.sum(1)
+    changed = ids.clone()
+    changed[0, 5] = 7 if ids[0, 5] != 7 else 8  # another residue at position 5 of row 0
+    for context_only in (False, True):
+        cfg = dataclasses.replace(
+            NOISER_PRESETS["tiny"], bidirectional=bidirectional, context_only=context_only
+        )
+        noiser = GRUNoiser(cfg).eval()
+        moved = (noiser(ids, lengths) - noiser(changed, lengths)).abs().amax(-1)  # [B, L]
+        assert (moved[0, 5] == 0) == context_only  # its own score
+        assert moved[0, 6] > 0  # the next position sees it (forward state)
+        assert (moved[0, 4] > 0) == bidirectional  # the previous one (backward state)
+        assert (moved[1] == 0).all()  # the other row
+    short = noiser(ids[1:, :6], lengths[1:])  # padding still changes nothing
+    torch.testing.assert_close(noiser(ids, lengths)[1:, :6], short, rtol=1e-5, atol=1e-6)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from advpt.masking.adversarial import NUM_SCORES
@@ -30,6 +31,7 @@ class NoiserConfig:
     num_layers: int = 3
     bidirectional: bool = True
     dropout: float = 0.0
+    context_only: bool = False  # score position t from tokens < t and > t only (not the paper's)
 
 
 NOISER_PRESETS: dict[str, NoiserConfig] = {
@@ -40,8 +42,18 @@ NOISER_PRESETS: dict[str, NoiserConfig] = {
 
 
 class GRUNoiser(nn.Module):
+    """The paper's GRU noiser; with ``context_only``, each position is scored from its
+    neighbours alone: the forward state after token ``t - 1`` and the backward state after
+    token ``t + 1``. The paper's noiser sees the residue it scores, so its choices can carry
+    that residue to the encoder (which then finds adversarial positions *easier* than random
+    ones); a context-only noiser's choices cannot.
+    """
+
     def __init__(self, cfg: NoiserConfig):
         super().__init__()
+        self.hidden_size = cfg.hidden_size
+        self.bidirectional = cfg.bidirectional
+        self.context_only = cfg.context_only
         self.embedding = nn.Embedding(VOCAB_SIZE, cfg.embedding_size, padding_idx=PAD_ID)
         self.gru = nn.GRU(
             cfg.embedding_size,
@@ -65,7 +77,19 @@ class GRUNoiser(nn.Module):
         )
         out, _ = self.gru(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=ids.shape[1])
+        if self.context_only:
+            out = self._neighbours_only(out)
         return self.head(out).float()
+
+    def _neighbours_only(self, out: torch.Tensor) -> torch.Tensor:
+        """GRU outputs ``[B, L, D x H]`` -> position t's forward state from t - 1 and backward
+        state from t + 1 (zeros past either end; padding outputs are already zeros)."""
+        h = self.hidden_size
+        before = F.pad(out[:, :-1, :h], (0, 0, 1, 0))  # [B, L, H]
+        if not self.bidirectional:
+            return before
+        after = F.pad(out[:, 1:, h:], (0, 0, 0, 1))  # [B, L, H]
+        return torch.cat([before, after], dim=-1)
 
 
 def _transformer_noiser(hidden: int, layers: int, heads: int, **extra) -> EncoderConfig:
@@ -111,10 +135,15 @@ class TransformerNoiser(nn.Module):
 NOISER_ARCHITECTURES = ("gru", "transformer")
 
 
-def build_noiser(arch: str, preset: str, bidirectional: bool = True) -> nn.Module:
+def build_noiser(
+    arch: str, preset: str, bidirectional: bool = True, context_only: bool = False
+) -> nn.Module:
     """A fresh noiser of architecture ``arch`` (gru | transformer) and size ``preset``."""
     if arch == "gru":
-        return GRUNoiser(dataclasses.replace(NOISER_PRESETS[preset], bidirectional=bidirectional))
+        cfg = NOISER_PRESETS[preset]
+        return GRUNoiser(
+            dataclasses.replace(cfg, bidirectional=bidirectional, context_only=context_only)
+        )
     if arch == "transformer":
         return TransformerNoiser(TRANSFORMER_NOISER_PRESETS[preset])
     raise ValueError(f"noiser architecture must be one of {NOISER_ARCHITECTURES}, got {arch!r}")
