@@ -1,79 +1,135 @@
-"""Run configuration: one dataclass per part, filled from a run file and command-line flags.
+"""Every setting of a run: documented dataclasses, filled from a run file and command-line flags.
 
-Every field is a flag of the same name (``--max_length 256``), and a JSON or YAML run file given
-with ``--config`` may set them too, flat or grouped by section (``masking: {random_rate: 0.1}``);
-flags win over the file. DeepSpeed's own settings (batch sizes, precision, optimizer, ZeRO) stay
-in the DeepSpeed JSONs.
+Each field is a flag of the same name (``--max_length 256``) whose ``--help`` text is the
+docstring under the field; choices are ``Literal`` types, checked when a value is set. A JSON or
+YAML run file given with ``--config`` may set the same names, flat or grouped by section
+(``masking: {random_rate: 0.1}``); flags win over the file. Values are checked against the
+field's declared type wherever they come from: no ``yes`` for an integer, an integer is accepted
+for a float. DeepSpeed's own settings (batch sizes, precision, optimizer, ZeRO) stay in the
+DeepSpeed JSONs.
+
+The allowed values of a choice are owned here and read by the code that implements them
+(``advpt.masking.subset.BACKENDS``, ``advpt.models.NOISER_ARCHITECTURES``); the preset tables
+of ``advpt.models`` are checked against ``EncoderPreset`` and ``NoiserPreset`` by the tests.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import functools
+import inspect
 import json
+import textwrap
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
-from advpt.data.bundled import BUNDLED_PROTEOME
+from advpt.errors import ConfigError, shorten
+
+BUNDLED_PROTEOME = "bundled:proteome"
+"""The ``--data`` value naming the real proteome that ships with advpt (``advpt.data.bundled``)."""
+
+Mode = Literal["adversarial", "random"]
+Schedule = Literal["alternating", "simultaneous"]
+Estimator = Literal["mixed", "importance"]
+SamplerBackend = Literal["auto", "torch", "cuda"]
+NoiserArch = Literal["gru", "transformer"]
+EncoderPreset = Literal["tape-base", "small", "tiny"]
+NoiserPreset = Literal["paper", "small", "tiny"]
+Task = Literal["secondary_structure", "remote_homology", "fluorescence", "stability"]
+SecondaryStructureLabels = Literal["ss3", "ss8"]
+Pooling = Literal["mean", "cls"]
+
+VARIANTS: dict[str, list[str]] = {
+    "random": ["--mode", "random"],
+    "alternating": ["--mode", "adversarial"],
+    "simultaneous": ["--mode", "adversarial", "--schedule", "simultaneous"],
+    "importance": ["--mode", "adversarial", "--estimator", "importance"],
+}
+"""The training variants that the throughput benchmark and the masking study compare: flags
+added to a run's own. ``alternating`` is the paper's method, ``random`` its baseline."""
 
 
-class ConfigError(ValueError):
-    """A run file or flag value advpt cannot use."""
+# ----------------------------------------------------------------------------- pre-training
 
 
 @dataclass
 class DataConfig:
     """Where sequences come from and how they are cut into micro-batches."""
 
-    data: str = BUNDLED_PROTEOME  # FASTA(.gz), TAPE LMDB or TAPE JSON; default: bundled proteome
-    max_length: int = 512  # tokens incl. <cls>/<sep>; longer sequences are randomly cropped
-    val_fraction: float = 0.05  # held-out share of the records for validation
-    unknown_to_unk: bool = False  # map characters outside the alphabet to <unk> instead of failing
-    skip_bad_records: bool = False  # leave out (count and log) records that cannot be read
-    bucket_batches: int = 50  # micro-batches per length bucket (more: less padding, less mixing)
-    num_workers: int = 1  # DataLoader worker processes
+    data: str = BUNDLED_PROTEOME
+    """FASTA (plain or .gz), TAPE LMDB or TAPE JSON file; the default is the bundled proteome."""
+    max_length: int = 512
+    """Tokens per sequence including <cls> and <sep>; longer sequences are randomly cropped."""
+    val_fraction: float = 0.05
+    """Share of the records held out for validation."""
+    unknown_to_unk: bool = False
+    """Map characters outside the alphabet to <unk> instead of stopping with an error."""
+    skip_bad_records: bool = False
+    """Leave out (count and log) records that cannot be read instead of stopping."""
+    bucket_batches: int = 50
+    """Micro-batches per length bucket: more gives less padding and less mixing of lengths."""
+    num_workers: int = 1
+    """DataLoader worker processes per rank."""
 
 
 @dataclass
 class ModelConfig:
-    """Model sizes by preset (see advpt.models)."""
+    """Model architectures and sizes (presets of ``advpt.models``)."""
 
-    encoder: str = "tape-base"  # tape-base | small | tiny
-    noiser: str = "paper"  # paper | small | tiny
-    noiser_arch: str = "gru"  # gru (the paper's) | transformer (higher capacity, beyond the paper)
-    noiser_bidirectional: bool = True  # GRU only; the transformer noiser always attends both ways
-    # GRU only: score each position from its neighbours alone, so where and how the noiser
-    # corrupts cannot depend on (and give away) the residue there. Off = the paper's noiser.
+    encoder: EncoderPreset = "tape-base"
+    """Encoder size: tape-base is the paper's (TAPE's transformer); small and tiny for CPUs."""
+    noiser: NoiserPreset = "paper"
+    """Noiser size: paper is the paper's GRU (3 layers, 1024 in, 512 out)."""
+    noiser_arch: NoiserArch = "gru"
+    """gru is the paper's noiser; transformer uses the encoder's layers (beyond the paper)."""
+    noiser_bidirectional: bool = True
+    """GRU noiser only: read the sequence both ways (the transformer noiser always does)."""
     noiser_context_only: bool = False
-    activation_checkpointing: int = 0  # recompute every n-th encoder layer in backward; 0 = off
+    """GRU noiser only: score each position from its neighbours alone, so where and how it
+    corrupts cannot give away the residue there. Off is the paper's noiser."""
+    activation_checkpointing: int = 0
+    """Recompute every n-th encoder layer in the backward pass to save memory; 0 is off."""
 
 
 @dataclass
 class MaskingConfig:
     """The paper's mixed masking: 10% random + 10% adversarial, 20% of the residues in all.
 
-    The adversarial budget is ``round(adversarial_rate x residues)`` per sequence, chosen among
-    the residues random masking left, so the totals match the paper's 20% and the random
-    baseline's ``random_rate + adversarial_rate``. The ``importance`` estimator instead lets the
-    noiser draw all ``random_rate + adversarial_rate`` of the positions and reweights the loss
-    towards uniform masking (``advpt.masking.importance``).
+    The adversarial budget is round(adversarial_rate x residues) per sequence, chosen among the
+    residues random masking left, so the totals match the paper's 20% and the random baseline's
+    random_rate + adversarial_rate. The importance estimator instead lets the noiser draw all of
+    the positions and reweights the loss towards uniform masking (advpt.masking.importance).
     """
 
     random_rate: float = 0.1
+    """Share of the residues masked at random (corrupted 80/10/10: [MASK], kept, replaced)."""
     adversarial_rate: float = 0.1
-    subset_temperature: float = 1.0  # relaxed subset sampler (Algorithm 1)
-    option_temperature: float = 1.0  # Gumbel-softmax over [MASK] / keep / replace
-    # Straight-through on the position selection too; False is Algorithm 3's literal hard mask.
+    """Share of the residues the noiser chooses and corrupts."""
+    subset_temperature: float = 1.0
+    """Temperature of the relaxed subset sampler (the paper's Algorithm 1)."""
+    option_temperature: float = 1.0
+    """Temperature of the Gumbel-softmax over [MASK] / keep / replace."""
     straight_through_positions: bool = True
-    sampler_backend: str = "auto"  # subset sampler: auto | torch | cuda (the fused kernel)
-    estimator: str = "mixed"  # mixed (the paper's random + adversarial) | importance
-    importance_clip: float = 10.0  # cap on a position's importance ratio before self-normalizing
-    noiser_entropy_bonus: float = 0.0  # noiser maximises loss + this x mask position entropy
-    # Warn (and log mask_collapse) when the normalized mask position entropy falls below this.
+    """Straight-through on the position selection too; false is Algorithm 3's literal hard mask,
+    whose any-mask scores get no gradient."""
+    sampler_backend: SamplerBackend = "auto"
+    """Who runs the subset sampler's loop: torch, the fused cuda kernel, or auto (cuda on a GPU)."""
+    estimator: Estimator = "mixed"
+    """mixed is the paper's random + adversarial masking; importance lets the noiser draw every
+    masked position and reweights the loss towards uniform masking."""
+    importance_clip: float = 10.0
+    """Importance estimator: cap on a position's importance ratio before self-normalizing."""
+    noiser_entropy_bonus: float = 0.0
+    """The noiser maximises loss + this x the entropy of where it masks."""
     collapse_entropy_threshold: float = 0.25
+    """Warn (and log mask_collapse) when the normalized mask position entropy falls below this."""
 
 
 @dataclass
@@ -83,16 +139,26 @@ class ScheduleConfig:
     Steps are optimizer steps, never micro-steps, so an accumulation window is never split.
     """
 
-    schedule: str = "alternating"  # alternating (the paper's) | simultaneous (one pass, both step)
-    reversal_scale: float = 1.0  # simultaneous: the noiser gets -reversal_scale x the gradient
-    max_steps: int = 100_000  # encoder optimizer steps (noiser steps come on top)
-    noiser_steps: int = 10  # noiser optimizer steps per cycle (maximise the MLM loss)
-    encoder_steps: int = 10  # encoder optimizer steps per cycle (minimise it)
-    warmup_steps: int = 10_000  # linear warmup, then linear decay to 0 at the last step
-    # Noiser LR warmup in noiser steps; -1 follows warmup_steps (scaled to the noiser's steps).
+    schedule: Schedule = "alternating"
+    """alternating is the paper's (noiser phase, then encoder phase); simultaneous updates both
+    models from one forward and backward per step, the noiser through a gradient reversal."""
+    reversal_scale: float = 1.0
+    """Simultaneous schedule: the noiser receives -reversal_scale x the loss gradient."""
+    max_steps: int = 100_000
+    """Encoder optimizer steps of the run (noiser steps come on top)."""
+    noiser_steps: int = 10
+    """Noiser optimizer steps per cycle (maximising the MLM loss)."""
+    encoder_steps: int = 10
+    """Encoder optimizer steps per cycle (minimising it)."""
+    warmup_steps: int = 10_000
+    """Linear learning-rate warmup in encoder steps, then linear decay to 0 at the last step."""
     noiser_warmup_steps: int = -1
-    batch_growth_at: float = 0.8  # fraction of training after which the global batch grows
-    batch_growth_factor: int = 2  # paper: 128 -> 256 through gradient accumulation
+    """Noiser warmup in noiser steps; -1 follows warmup_steps (scaled to the noiser's steps)."""
+    batch_growth_at: float = 0.8
+    """Fraction of the run after which the global batch grows by batch_growth_factor."""
+    batch_growth_factor: int = 2
+    """Global batch multiplier from batch_growth_at on (the paper: 128 -> 256, through gradient
+    accumulation); 1 keeps the batch fixed."""
 
 
 @dataclass
@@ -100,84 +166,72 @@ class RunConfig:
     """Where the run lives and how often it reports and saves."""
 
     run_dir: str = "runs/advpt"
-    mode: str = "adversarial"  # adversarial | random (the paper's random-MLM baseline)
+    """Directory of the run: config, metrics, TensorBoard events and checkpoints."""
+    mode: Mode = "adversarial"
+    """adversarial trains the noiser against the encoder; random is the random-MLM baseline."""
     seed: int = 0
-    log_every: int = 10  # optimizer steps between logged metrics
-    eval_every: int = 1000  # encoder steps between validation passes
-    eval_batches: int = 50  # validation micro-batches per pass (0 = the whole split)
-    checkpoint_every: int = 1000  # encoder steps between checkpoints
-    keep_checkpoints: int = 3  # most recent checkpoints kept on disk
-    resume: bool = False  # continue from <run_dir>/checkpoints/latest
-    stop_after_steps: int = 0  # stop (with a checkpoint) after this many encoder steps; 0 = off
-    max_skipped_in_a_row: int = 20  # non-finite steps in a row (one engine) before the run stops
+    """Seeds the models, the data order, the held-out split and every masking draw."""
+    log_every: int = 10
+    """Optimizer steps between logged metrics."""
+    eval_every: int = 1000
+    """Encoder steps between validation passes (and one at the end); 0 is at the end only."""
+    eval_batches: int = 50
+    """Validation micro-batches per pass; 0 scores the whole held-out split."""
+    checkpoint_every: int = 1000
+    """Encoder steps between checkpoints (and one at the end)."""
+    keep_checkpoints: int = 3
+    """Most recent checkpoints kept on disk."""
+    resume: bool = False
+    """Continue the run in run_dir from its newest complete checkpoint."""
+    stop_after_steps: int = 0
+    """End this job cleanly, with a checkpoint, after this many encoder steps; 0 is off."""
+    max_skipped_in_a_row: int = 20
+    """Non-finite steps in a row (of one model) after which the run saves and stops."""
 
 
 @dataclass
 class TrainConfig:
+    """Adversarial (or random) MLM pre-training of a protein encoder."""
+
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     masking: MaskingConfig = field(default_factory=MaskingConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     run: RunConfig = field(default_factory=RunConfig)
     deepspeed_config: str = "ds_configs/encoder_cpu.json"
+    """DeepSpeed JSON of the encoder: batch sizes, precision, optimizer, ZeRO."""
     noiser_deepspeed_config: str = "ds_configs/noiser_cpu.json"
+    """DeepSpeed JSON of the noiser; same train_micro_batch_size_per_gpu as the encoder's."""
 
     def validate(self) -> None:
         """Raise ``ConfigError`` for values that cannot make a run."""
-        checks = [
-            (self.run.mode in ("adversarial", "random"), "mode must be 'adversarial' or 'random'"),
-            (0.0 <= self.masking.random_rate <= 1.0, "random_rate must be in [0, 1]"),
-            (self.masking.adversarial_rate >= 0.0, "adversarial_rate must be >= 0"),
-            (
-                self.masking.random_rate + self.masking.adversarial_rate <= 1.0,
-                "random_rate + adversarial_rate must be at most 1",
-            ),
-            (self.masking.subset_temperature > 0, "subset_temperature must be > 0"),
-            (
-                self.masking.sampler_backend in ("auto", "torch", "cuda"),
-                "sampler_backend must be 'auto', 'torch' or 'cuda'",
-            ),
-            (self.masking.option_temperature > 0, "option_temperature must be > 0"),
-            (
-                self.masking.estimator in ("mixed", "importance"),
-                "estimator must be 'mixed' or 'importance'",
-            ),
-            (self.masking.importance_clip > 0, "importance_clip must be > 0"),
-            (self.masking.noiser_entropy_bonus >= 0, "noiser_entropy_bonus must be >= 0"),
-            (
-                0.0 <= self.masking.collapse_entropy_threshold <= 1.0,
-                "collapse_entropy_threshold must be in [0, 1]",
-            ),
-            (
-                self.model.noiser_arch in ("gru", "transformer"),
-                "noiser_arch must be 'gru' or 'transformer'",
-            ),
-            (
-                self.model.noiser_arch == "gru" or self.model.noiser_bidirectional,
-                "noiser_bidirectional false needs noiser_arch gru",
-            ),
-            (
-                self.model.noiser_arch == "gru" or not self.model.noiser_context_only,
-                "noiser_context_only needs noiser_arch gru",
-            ),
-            (
-                self.schedule.schedule in ("alternating", "simultaneous"),
-                "schedule must be 'alternating' or 'simultaneous'",
-            ),
-            (self.schedule.reversal_scale > 0, "reversal_scale must be > 0"),
-            (self.schedule.noiser_warmup_steps >= -1, "noiser_warmup_steps must be >= -1"),
-            (self.data.max_length >= 3, "max_length must be at least 3 tokens"),
-            (0.0 <= self.data.val_fraction < 1.0, "val_fraction must be in [0, 1)"),
-            (self.schedule.max_steps > 0, "max_steps must be positive"),
-            (self.schedule.noiser_steps > 0, "noiser_steps must be positive"),
-            (self.schedule.encoder_steps > 0, "encoder_steps must be positive"),
-            (self.schedule.batch_growth_factor >= 1, "batch_growth_factor must be >= 1"),
-            (self.run.log_every > 0, "log_every must be positive"),
+        m, s, d, r = self.masking, self.schedule, self.data, self.run
+        _check([
+            (0.0 <= m.random_rate <= 1.0, "random_rate must be in [0, 1]"),
+            (m.adversarial_rate >= 0.0, "adversarial_rate must be >= 0"),
+            (m.random_rate + m.adversarial_rate <= 1.0,
+             "random_rate + adversarial_rate must be at most 1"),
+            (m.subset_temperature > 0, "subset_temperature must be > 0"),
+            (m.option_temperature > 0, "option_temperature must be > 0"),
+            (m.importance_clip > 0, "importance_clip must be > 0"),
+            (m.noiser_entropy_bonus >= 0, "noiser_entropy_bonus must be >= 0"),
+            (0.0 <= m.collapse_entropy_threshold <= 1.0,
+             "collapse_entropy_threshold must be in [0, 1]"),
+            (self.model.noiser_arch == "gru" or self.model.noiser_bidirectional,
+             "noiser_bidirectional false needs noiser_arch gru"),
+            (self.model.noiser_arch == "gru" or not self.model.noiser_context_only,
+             "noiser_context_only needs noiser_arch gru"),
+            (s.reversal_scale > 0, "reversal_scale must be > 0"),
+            (s.noiser_warmup_steps >= -1, "noiser_warmup_steps must be >= -1"),
+            (d.max_length >= 3, "max_length must be at least 3 tokens"),
+            (0.0 <= d.val_fraction < 1.0, "val_fraction must be in [0, 1)"),
+            (s.max_steps > 0, "max_steps must be positive"),
+            (s.noiser_steps > 0, "noiser_steps must be positive"),
+            (s.encoder_steps > 0, "encoder_steps must be positive"),
+            (s.batch_growth_factor >= 1, "batch_growth_factor must be >= 1"),
+            (r.log_every > 0, "log_every must be positive"),
             (self.model.activation_checkpointing >= 0, "activation_checkpointing must be >= 0"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
+        ])  # fmt: skip
 
     @property
     def adversarial(self) -> bool:
@@ -210,18 +264,177 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-_SECTIONS = ("data", "model", "masking", "schedule", "run")
-_TOP_LEVEL = ("deepspeed_config", "noiser_deepspeed_config")
+# ----------------------------------------------------------------------------- fine-tuning
 
 
-def _field_owners() -> dict[str, str]:
-    """Flag name -> section name ('' for top-level fields); names are unique across sections."""
-    owners = {name: "" for name in _TOP_LEVEL}
-    defaults = TrainConfig()
-    for section in _SECTIONS:
-        for f in dataclasses.fields(getattr(defaults, section)):
-            owners[f.name] = section
-    return owners
+@dataclass
+class FinetuneConfig:
+    """Fine-tune a pre-trained encoder on a TAPE task; defaults follow TAPE where TAPE has one."""
+
+    task: Task = "secondary_structure"
+    """The TAPE task (advpt.tasks)."""
+    data_dir: str = "data/tape"
+    """TAPE data root holding <task>/<task>_<split>.lmdb or .json."""
+    pretrained: str = "none"
+    """advpt run directory, advpt export directory, TAPE save_pretrained directory, or none
+    (a freshly initialised --encoder)."""
+    encoder: EncoderPreset = "tape-base"
+    """Encoder preset for --pretrained none."""
+    run_dir: str = ""
+    """Output directory; empty is runs/finetune/<task>."""
+    deepspeed_config: str = "ds_configs/finetune_cpu.json"
+    """DeepSpeed JSON of the fine-tuning engine."""
+    lr: float | None = None
+    """Peak learning rate; unset takes the DeepSpeed JSON's."""
+    weight_decay: float | None = None
+    """AdamW weight decay; unset takes the DeepSpeed JSON's."""
+    batch_size: int | None = None
+    """Global batch size; unset takes the DeepSpeed JSON's."""
+    epochs: int = 10
+    """Passes over the training split (TAPE: 10)."""
+    max_steps: int = 0
+    """Stop after this many optimizer steps; 0 lets epochs decide."""
+    warmup_fraction: float = 0.1
+    """Share of the steps with a linear learning-rate warmup."""
+    eval_every: int = 0
+    """Optimizer steps between validation scores; 0 is once per epoch."""
+    patience: int = 3
+    """Stop after this many validation scores without improvement."""
+    pooling: Pooling = "mean"
+    """Sequence representation for per-protein tasks: mean of the residues, or <cls>."""
+    head_hidden_size: int = 512
+    """Width of TAPE's MLP / convolutional head."""
+    head_dropout: float = 0.0
+    """Dropout inside the head (TAPE: 0)."""
+    ss_label: SecondaryStructureLabels = "ss3"
+    """Secondary structure labels: 3 classes (the paper's) or 8 (DSSP)."""
+    use_valid_mask: bool = False
+    """Secondary structure: leave residues whose valid_mask is false unscored (TAPE scores all)."""
+    seed: int = 0
+    """Seeds the head, the batch order and dropout."""
+    save_model: bool = True
+    """Write the best-validation model to <run_dir>/model."""
+
+    def validate(self) -> None:
+        """Raise ``ConfigError`` for values that cannot make a run."""
+        _check([
+            (self.epochs > 0, "epochs must be positive"),
+            (self.max_steps >= 0, "max_steps must be >= 0"),
+            (0.0 <= self.warmup_fraction < 1.0, "warmup_fraction must be in [0, 1)"),
+            (self.eval_every >= 0, "eval_every must be >= 0"),
+            (self.patience > 0, "patience must be positive"),
+            (self.batch_size is None or self.batch_size > 0, "batch_size must be positive"),
+        ])  # fmt: skip
+        if not self.run_dir:
+            self.run_dir = str(Path("runs", "finetune", self.task))
+
+
+def _check(checks: list[tuple[bool, str]]) -> None:
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+# ----------------------------------------------------------------------------- flags and files
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Field name -> the docstring written under it in ``cls``'s source, one line of prose."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for field_node, doc_node in zip(body, body[1:], strict=False):
+        if (
+            isinstance(field_node, ast.AnnAssign)
+            and isinstance(field_node.target, ast.Name)
+            and isinstance(doc_node, ast.Expr)
+            and isinstance(doc_node.value, ast.Constant)
+            and isinstance(doc_node.value.value, str)
+        ):
+            docs[field_node.target.id] = " ".join(doc_node.value.value.split())
+    return docs
+
+
+@dataclass(frozen=True)
+class _Setting:
+    """One settable field: the object that holds it (a section or the root) and its type."""
+
+    section: str  # "" for the root's own fields
+    name: str
+    kind: Any  # the declared type, resolved
+    default: Any
+    help: str
+
+
+def _settings(root: type) -> dict[str, _Setting]:
+    """Flag name -> setting, for the root's plain fields and its sections' fields.
+
+    Names are unique across sections, so flags and flat run files need no prefixes.
+    """
+    defaults = root()
+    hints = typing.get_type_hints(root)
+    out: dict[str, _Setting] = {}
+    for f in dataclasses.fields(root):
+        if dataclasses.is_dataclass(hints[f.name]):
+            section = hints[f.name]
+            section_hints = typing.get_type_hints(section)
+            docs = field_docs(section)
+            for sf in dataclasses.fields(section):
+                value = getattr(getattr(defaults, f.name), sf.name)
+                out[sf.name] = _Setting(f.name, sf.name, section_hints[sf.name], value,
+                                        docs.get(sf.name, ""))  # fmt: skip
+        else:
+            value = getattr(defaults, f.name)
+            out[f.name] = _Setting(
+                "", f.name, hints[f.name], value, field_docs(root).get(f.name, "")
+            )
+    return out
+
+
+def _optional(kind: Any) -> tuple[Any, bool]:
+    """(the type inside ``X | None``, True) or (``kind``, False)."""
+    if get_origin(kind) in (typing.Union, types.UnionType):
+        inner = [a for a in get_args(kind) if a is not type(None)]
+        if len(inner) == 1 and len(get_args(kind)) == 2:
+            return inner[0], True
+    return kind, False
+
+
+def _describe(kind: Any) -> str:
+    kind, optional = _optional(kind)
+    if get_origin(kind) is Literal:
+        text = " | ".join(str(a) for a in get_args(kind))
+    else:
+        text = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
+            kind, str(kind)
+        )
+    return f"{text} or unset" if optional else text
+
+
+def _typed(name: str, value: Any, kind: Any, source: str) -> Any:
+    """``value`` as the declared ``kind`` of setting ``name``, or a ``ConfigError``.
+
+    Checked against the declaration, not the current value: a YAML ``yes`` is no integer, and
+    an integer is a fine float.
+    """
+    inner, optional = _optional(kind)
+    if value is None and optional:
+        return None
+    if get_origin(inner) is Literal:
+        ok = isinstance(value, str) and value in get_args(inner)
+    elif inner is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif inner is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, inner)
+    if not ok:
+        raise ConfigError(
+            f"{source}: setting {name!r} must be {_describe(kind)}, got {shorten(value)}"
+        )
+    return value
 
 
 def _parse_bool(text: str) -> bool:
@@ -233,29 +446,34 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _flag_kwargs(setting: _Setting) -> dict[str, Any]:
+    """argparse arguments of one setting; values stay unset (None) unless given."""
+    kind, _ = _optional(setting.kind)
+    default = "unset" if setting.default is None else setting.default
+    kwargs: dict[str, Any] = {"default": None, "help": f"{setting.help} [default: {default}]"}
+    if kind is bool:  # a bare --flag means true
+        return kwargs | {"type": _parse_bool, "nargs": "?", "const": True, "metavar": "BOOL"}
+    if get_origin(kind) is Literal:  # checked by _typed, so the message is the run file's
+        return kwargs | {"metavar": "{" + ",".join(get_args(kind)) + "}"}
+    return kwargs | {"type": kind}
+
+
+def build_parser(root: type) -> argparse.ArgumentParser:
+    """A parser with one flag per setting of ``root``, grouped by section, help from the docs."""
     parser = argparse.ArgumentParser(
-        description="Adversarial (or random) MLM pre-training of a protein encoder.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=inspect.getdoc(root), formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--config", help="JSON or YAML run file (flags override it)")
-    parser.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
-    defaults = TrainConfig()
-    for name, section in _field_owners().items():
-        owner = getattr(defaults, section) if section else defaults
-        value = getattr(owner, name)
-        kind = _parse_bool if isinstance(value, bool) else type(value)
-        if isinstance(value, bool):
-            parser.add_argument(
-                f"--{name}",
-                type=kind,
-                nargs="?",
-                const=True,
-                default=None,
-                help=f"default: {value}",
+    parser.add_argument("--config", help="JSON or YAML run file of these settings (flags win)")
+    parser.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)
+    hints = typing.get_type_hints(root)
+    groups: dict[str, Any] = {"": parser}
+    for setting in _settings(root).values():
+        if setting.section not in groups:
+            section = hints[setting.section]
+            groups[setting.section] = parser.add_argument_group(
+                f"{setting.section} settings", inspect.getdoc(section)
             )
-        else:
-            parser.add_argument(f"--{name}", type=kind, default=None, help=f"default: {value}")
+        groups[setting.section].add_argument(f"--{setting.name}", **_flag_kwargs(setting))
     return parser
 
 
@@ -266,43 +484,42 @@ def _read_run_file(path: str) -> dict[str, Any]:
     try:
         text = file.read_text()
         content = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"run file {path} cannot be read: {exc}") from None
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"run file {path} is not valid JSON/YAML: {exc}") from None
+        reason = " ".join(str(exc).split())
+        raise ConfigError(f"run file {path} is not valid JSON/YAML: {reason}") from None
     if content is None:
         return {}
     if not isinstance(content, dict):
         raise ConfigError(f"run file {path} must hold a mapping of settings")
+    return content
+
+
+def _apply(config: Any, values: dict[str, Any], source: str) -> None:
+    """Set ``values`` (flat, or grouped under section names) on ``config``, each type-checked."""
+    settings = _settings(type(config))
+    sections = {s.section for s in settings.values()} - {""}
     flat: dict[str, Any] = {}
-    for key, value in content.items():
-        if key in _SECTIONS and isinstance(value, dict):
+    for key, value in values.items():
+        if key in sections and isinstance(value, dict):
             flat.update(value)
         else:
             flat[key] = value
-    return flat
-
-
-def _apply(config: TrainConfig, values: dict[str, Any], source: str) -> None:
-    owners = _field_owners()
-    for name, value in values.items():
-        if name not in owners:
-            close = [o for o in owners if o.startswith(name[:4])]
+    for name, value in flat.items():
+        if name not in settings:
+            close = [o for o in settings if o.startswith(str(name)[:4])]
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{source}: unknown setting {name!r}{hint}")
-        owner = getattr(config, owners[name]) if owners[name] else config
-        expected = type(getattr(owner, name))
-        if expected is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, expected):
-            raise ConfigError(
-                f"{source}: setting {name!r} must be {expected.__name__}, got {value!r}"
-            )
-        setattr(owner, name, value)
+            raise ConfigError(f"{source}: unknown setting {shorten(name)}{hint}")
+        setting = settings[name]
+        owner = getattr(config, setting.section) if setting.section else config
+        setattr(owner, name, _typed(name, value, setting.kind, source))
 
 
-def parse_config(argv: list[str] | None = None) -> TrainConfig:
-    """Defaults, then the run file, then the flags; validated."""
-    args = build_parser().parse_args(argv)
-    config = TrainConfig()
+def parse(root: type, argv: list[str] | None = None) -> Any:
+    """Defaults of ``root``, then the run file, then the flags; validated."""
+    args = build_parser(root).parse_args(argv)
+    config = root()
     if args.config:
         _apply(config, _read_run_file(args.config), f"run file {args.config}")
     flags = {
@@ -313,3 +530,13 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     _apply(config, flags, "command line")
     config.validate()
     return config
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """The pre-training settings from ``argv`` (see :func:`parse`)."""
+    return parse(TrainConfig, argv)
+
+
+def parse_finetune_config(argv: list[str] | None = None) -> FinetuneConfig:
+    """The fine-tuning settings from ``argv`` (see :func:`parse`)."""
+    return parse(FinetuneConfig, argv)

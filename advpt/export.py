@@ -17,13 +17,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from advpt.models.pretrained import (
-    CONFIG_FILE,
-    CheckpointError,
-    load_encoder,
-    save_export,
-    save_tape,
-)
+from advpt.errors import CheckpointError
+from advpt.models.pretrained import CONFIG_FILE, save_export, save_tape
+from advpt.training.consolidate import load_encoder
 
 WRITERS = {"advpt": save_export, "tape": save_tape}
 

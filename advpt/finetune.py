@@ -19,13 +19,11 @@ scalars per evaluation, ``model/`` (the best-validation encoder + head as safete
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import json
 import math
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +36,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from advpt.config import ConfigError, _parse_bool  # noqa: E402
+from advpt.config import FinetuneConfig, parse_finetune_config  # noqa: E402
 from advpt.data.batching import LengthBucketedBatches  # noqa: E402
-from advpt.data.readers import DataError  # noqa: E402
 from advpt.data.tape_tasks import (  # noqa: E402
-    SS_LABELS,
-    TASKS,
     TRAIN,
     VALID,
     TaskSpec,
@@ -53,99 +48,27 @@ from advpt.data.tape_tasks import (  # noqa: E402
     score,
     task_spec,
 )
+from advpt.errors import CheckpointError, ConfigError, DataError  # noqa: E402
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, ProteinEncoder  # noqa: E402
 from advpt.models.heads import (  # noqa: E402
     IGNORE_LABEL,
     PER_RESIDUE,
-    POOLINGS,
     REGRESSION,
     HeadConfig,
     TaskModel,
 )
-from advpt.models.pretrained import CheckpointError, load_encoder, save_task_model  # noqa: E402
-from advpt.train import init_distributed  # noqa: E402
+from advpt.models.pretrained import save_task_model  # noqa: E402
+from advpt.training.build import init_distributed  # noqa: E402
+from advpt.training.consolidate import load_encoder  # noqa: E402
 from advpt.training.engines import build_engine, current_lr, load_ds_config  # noqa: E402
 from advpt.training.monitor import MetricsWriter  # noqa: E402
 
 MODEL_DIR = "model"  # the best-validation model: advpt.models.pretrained.load_task_model(DIR)
 
 
-def _flag(default: Any, help: str, kind: type | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "type": kind or type(default)})
-
-
-@dataclass
-class FinetuneConfig:
-    """Every field is a flag of the same name; defaults follow TAPE where TAPE has one."""
-
-    task: str = _flag("secondary_structure", " | ".join(TASKS))
-    data_dir: str = _flag("data/tape", "TAPE data root holding <task>/<task>_<split>.lmdb|json")
-    pretrained: str = _flag("none", "advpt run dir, advpt export dir, TAPE dir, or none")
-    encoder: str = _flag(
-        "tape-base", "preset for --pretrained none: " + " | ".join(ENCODER_PRESETS)
-    )
-    run_dir: str = _flag("", "output directory (default: runs/finetune/<task>)")
-    deepspeed_config: str = _flag("ds_configs/finetune_cpu.json", "DeepSpeed JSON")
-    lr: float | None = _flag(None, "peak learning rate (default: the JSON's)", float)
-    weight_decay: float | None = _flag(None, "AdamW weight decay (default: the JSON's)", float)
-    batch_size: int | None = _flag(None, "global batch size (default: the JSON's)", int)
-    epochs: int = _flag(10, "passes over the training split (TAPE: 10)")
-    max_steps: int = _flag(0, "stop after this many optimizer steps; 0 = epochs decide")
-    warmup_fraction: float = _flag(0.1, "share of the steps with a linear LR warmup")
-    eval_every: int = _flag(0, "optimizer steps between validation scores; 0 = once per epoch")
-    patience: int = _flag(3, "stop after this many validation scores without improvement")
-    pooling: str = _flag("mean", "sequence representation: " + " | ".join(POOLINGS))
-    head_hidden_size: int = _flag(HeadConfig.hidden_size, "width of TAPE's MLP / conv head")
-    head_dropout: float = _flag(HeadConfig.dropout, "dropout inside the head (TAPE: 0)")
-    ss_label: str = _flag("ss3", "secondary structure labels: " + " | ".join(SS_LABELS))
-    use_valid_mask: bool = _flag(False, "secondary structure: leave residues whose valid_mask "
-                                 "is false unscored (TAPE scores all)")  # fmt: skip
-    seed: int = _flag(0, "seeds the head, the batch order and dropout")
-    save_model: bool = _flag(True, "write the best-validation model to <run_dir>/model")
-
-    def validate(self) -> None:
-        checks = [
-            (self.task in TASKS, f"task must be one of {', '.join(TASKS)}"),
-            (self.ss_label in SS_LABELS, f"ss_label must be one of {', '.join(SS_LABELS)}"),
-            (self.pretrained != "none" or self.encoder in ENCODER_PRESETS,
-             f"unknown encoder preset {self.encoder!r}; choose one of "
-             f"{', '.join(ENCODER_PRESETS)}"),
-            (self.pooling in POOLINGS, f"pooling must be one of {', '.join(POOLINGS)}"),
-            (self.epochs > 0, "epochs must be positive"),
-            (self.max_steps >= 0, "max_steps must be >= 0"),
-            (0.0 <= self.warmup_fraction < 1.0, "warmup_fraction must be in [0, 1)"),
-            (self.eval_every >= 0, "eval_every must be >= 0"),
-            (self.patience > 0, "patience must be positive"),
-            (self.batch_size is None or self.batch_size > 0, "batch_size must be positive"),
-        ]  # fmt: skip
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
-
-    @property
-    def head(self) -> HeadConfig:
-        return HeadConfig(self.head_hidden_size, self.head_dropout, self.pooling)
-
-
-def parse_args(argv: list[str] | None = None) -> FinetuneConfig:
-    parser = argparse.ArgumentParser(
-        description="Fine-tune a pre-trained encoder on a TAPE task.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
-    for f in dataclasses.fields(FinetuneConfig):
-        kind = f.metadata["type"]
-        # a bare boolean flag means true, as in advpt.train
-        switch = {"type": _parse_bool, "nargs": "?", "const": True} if kind is bool else {}
-        parser.add_argument(
-            f"--{f.name}", **({"type": kind} | switch), default=f.default, help=f.metadata["help"]
-        )
-    args = vars(parser.parse_args(argv))
-    args.pop("local_rank")
-    config = FinetuneConfig(**args)
-    config.run_dir = config.run_dir or str(Path("runs", "finetune", config.task))
-    config.validate()
-    return config
+def head_config(config: FinetuneConfig) -> HeadConfig:
+    """The task head's settings of a fine-tuning run."""
+    return HeadConfig(config.head_hidden_size, config.head_dropout, config.pooling)
 
 
 def resolve_ds_config(config: FinetuneConfig, run_dir: Path) -> dict[str, Any]:
@@ -275,7 +198,7 @@ class Finetuner:
         if config.max_steps:
             self.total_steps = min(self.total_steps, config.max_steps)
         self.eval_every = config.eval_every or self.steps_per_epoch
-        model = TaskModel(encoder, self.spec.kind, self.spec.num_labels, config.head)
+        model = TaskModel(encoder, self.spec.kind, self.spec.num_labels, head_config(config))
         warmup = round(config.warmup_fraction * self.total_steps)
         self.engine = build_engine(model, self.ds_config, warmup, self.total_steps)
 
@@ -389,7 +312,7 @@ def _summary(results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        config = parse_args(argv)
+        config = parse_finetune_config(argv)
         if (Path(config.run_dir) / "results.json").exists():
             raise ConfigError(
                 f"run directory {config.run_dir} already holds results; choose another --run_dir"

@@ -1,7 +1,7 @@
 """Training throughput of advpt: random vs adversarial MLM, per precision, checkpointing, batch.
 
     python scripts/bench_throughput.py --preset tiny                       # CPU, about a minute
-    python scripts/bench_throughput.py --preset tiny --modes random adversarial simultaneous
+    python scripts/bench_throughput.py --preset tiny --modes random alternating simultaneous
     python scripts/bench_throughput.py --preset tape-base --max_length 512 \\
         --precisions bf16 --checkpointing 0 1 --micro_batches 16 32 64 --json bench.json
 
@@ -10,8 +10,8 @@ encoder updates, then times ``--steps`` more. A row reports, per second of wall 
 sequences and non-padding tokens that went through *encoder updates*, so the noiser steps of an
 adversarial run show up as lost throughput; ``cost_vs_random`` is the time per encoder update
 relative to random MLM with the same precision, checkpointing and micro-batch, measured in the
-same process. Modes: ``random``, ``adversarial`` (the paper's alternating schedule) and
-``simultaneous`` (adversarial, one joint pass per step: ``--schedule simultaneous``).
+same process. Modes (``advpt.config.VARIANTS``): ``random``, ``alternating`` (the paper's schedule),
+``simultaneous`` (one joint pass per step) and ``importance``.
 
 Encoder FLOPs per encoder update (forward + backward, useful work only)::
 
@@ -41,21 +41,13 @@ if "--cpu" in sys.argv:  # before DeepSpeed picks its accelerator
 import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from advpt.config import parse_config  # noqa: E402
+from advpt.config import VARIANTS, parse_config  # noqa: E402
 from advpt.data.stream import stream_loader  # noqa: E402
 from advpt.models import ENCODER_PRESETS  # noqa: E402
 from advpt.tokenizer import VOCAB_SIZE  # noqa: E402
-from advpt.train import build_trainer, init_distributed  # noqa: E402
+from advpt.training.build import build_trainer, init_distributed  # noqa: E402
 from advpt.training.schedule import NOISER  # noqa: E402
-
-# Bench mode -> advpt.train flags.
-MODES = {
-    "random": ["--mode", "random"],
-    "adversarial": ["--mode", "adversarial"],
-    "simultaneous": ["--mode", "adversarial", "--schedule", "simultaneous"],
-}
 
 FIELDS = (
     "mode", "precision", "checkpointing", "micro_batch", "samples_per_s", "tokens_per_s",
@@ -132,7 +124,7 @@ def measure(args, mode: str, precision: str, checkpointing: int, micro: int, wor
         paths.append(str(path))
     config = parse_config([
         "--deepspeed_config", paths[0], "--noiser_deepspeed_config", paths[1],
-        *MODES[mode], "--encoder", args.preset, "--noiser", args.noiser,
+        *VARIANTS[mode], "--encoder", args.preset, "--noiser", args.noiser,
         "--max_length", str(args.max_length), "--activation_checkpointing", str(checkpointing),
         "--data", args.data, "--run_dir", str(work / "run"), "--num_workers", str(args.workers),
         "--warmup_steps", "1", "--max_steps", str(10**6),
@@ -198,7 +190,7 @@ def main() -> None:
     parser.add_argument("--preset", default="tiny", choices=sorted(ENCODER_PRESETS))
     parser.add_argument("--noiser", default=None, help="noiser preset (default: paper, or tiny)")
     parser.add_argument(
-        "--modes", nargs="+", default=["random", "adversarial"], choices=sorted(MODES)
+        "--modes", nargs="+", default=["random", "alternating"], choices=sorted(VARIANTS)
     )
     parser.add_argument("--precisions", nargs="+", default=None, help="fp32 bf16 fp16")
     parser.add_argument("--checkpointing", nargs="+", type=int, default=[0, 1])

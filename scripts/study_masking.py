@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,21 +33,13 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from advpt.config import TrainConfig, parse_config  # noqa: E402
+from advpt.config import VARIANTS, TrainConfig, parse_config  # noqa: E402
 from advpt.data.collate import MaskingCollator  # noqa: E402
 from advpt.data.dataset import CroppedView, ProteinDataset, train_val_split  # noqa: E402
-from advpt.train import build_trainer, init_distributed  # noqa: E402
+from advpt.training.build import build_trainer, init_distributed  # noqa: E402
 from advpt.training.trainer import Trainer  # noqa: E402
 
-# Variant -> advpt.train flags on top of the shared ones.
-VARIANTS = {
-    "random": ["--mode", "random"],
-    "alternating": ["--mode", "adversarial"],
-    "simultaneous": ["--mode", "adversarial", "--schedule", "simultaneous"],
-    "importance": ["--mode", "adversarial", "--estimator", "importance"],
-}
 STANDARD_RESIDUES = "ACDEFGHIKLMNPQRSTVWY"
 
 

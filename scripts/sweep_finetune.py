@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # run from a source checkout without installing advpt
 
 from advpt.data.tape_tasks import TASKS  # noqa: E402
 

@@ -52,7 +52,7 @@ def build_tiny_trainer(tmp_path: Path, *extra_args: str, run_dir: Path | None = 
     import torch
 
     from advpt.config import parse_config
-    from advpt.train import build_trainer
+    from advpt.training.build import build_trainer
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     run_dir = run_dir or tmp_path / "run"

@@ -12,10 +12,12 @@ import deepspeed
 import pytest
 import torch
 
+from advpt.errors import CheckpointError
 from advpt.export import main as export_main
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, ProteinEncoder
-from advpt.models.pretrained import CheckpointError, load_encoder, load_export, save_export
+from advpt.models.pretrained import load_export, save_export
 from advpt.tokenizer import CLS_ID, FIRST_RESIDUE_ID, PAD_ID, SEP_ID, VOCAB_SIZE
+from advpt.training.consolidate import load_encoder
 from tests.helpers import REPO, launch, pretrain_tiny, tiny_run_args
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -158,7 +158,7 @@ def test_throughput_benchmark_tiny_preset_reports_every_field(tmp_path):
     report = json.loads(out.read_text())
     assert report["matmul_peak_tflops"] > 0
     rows = {row["mode"]: row for row in report["rows"]}
-    assert set(rows) == {"random", "adversarial"}
+    assert set(rows) == {"random", "alternating"}
     for row in rows.values():
         for field in (
             "mode", "precision", "checkpointing", "micro_batch", "samples_per_s", "tokens_per_s",
@@ -167,5 +167,5 @@ def test_throughput_benchmark_tiny_preset_reports_every_field(tmp_path):
             assert row[field] is not None, field
         assert row["tokens_per_s"] > 0 and 0 < row["mfu"] < 1
     assert rows["random"]["cost_vs_random"] == 1.0
-    assert rows["adversarial"]["cost_vs_random"] > 1.0
+    assert rows["alternating"]["cost_vs_random"] > 1.0
     assert "cost_vs_random" in result.stdout

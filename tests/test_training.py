@@ -45,7 +45,7 @@ def _expected_loss(trainer, batch, draws: int = 24) -> float:
         for seed in range(draws):
             torch.manual_seed(seed)
             scores = trainer.noiser.module(batch.ids, batch.lengths)
-            sample = trainer._corrupt(scores, batch)
+            sample = trainer.objective.draw(scores, batch).sample
             masked = batch.random_masked | sample.positions
             out = trainer.encoder.module(
                 sample.ids, batch.valid, batch.ids, masked, batch.num_masked

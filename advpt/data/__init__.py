@@ -4,7 +4,6 @@ from advpt.data.batching import LengthBucketedBatches, padding_fraction
 from advpt.data.bundled import BUNDLED_PROTEOME, resolve_data_path
 from advpt.data.dataset import CroppedView, ProteinDataset, crop, train_val_split
 from advpt.data.readers import (
-    DataError,
     Record,
     TapeLMDB,
     iter_fasta,
@@ -15,7 +14,6 @@ from advpt.data.readers import (
 __all__ = [
     "BUNDLED_PROTEOME",
     "CroppedView",
-    "DataError",
     "LengthBucketedBatches",
     "ProteinDataset",
     "Record",

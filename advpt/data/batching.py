@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from advpt.data.readers import DataError
+from advpt.errors import DataError
 
 
 def padding_fraction(lengths_of_batch: Sequence[int]) -> float:

@@ -20,9 +20,7 @@ from typing import Any, BinaryIO
 import lmdb
 import numpy as np
 
-
-class DataError(ValueError):
-    """A dataset file is missing, malformed or unsafe to read."""
+from advpt.errors import DataError
 
 
 @dataclass(frozen=True)

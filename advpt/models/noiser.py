@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import get_args
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from advpt.config import NoiserArch
 from advpt.masking.adversarial import NUM_SCORES
 from advpt.models.encoder import EncoderConfig, ProteinEncoder
 from advpt.tokenizer import PAD_ID, VOCAB_SIZE
@@ -132,7 +134,7 @@ class TransformerNoiser(nn.Module):
         return self.head(self.body(ids, valid, has_padding)).float()
 
 
-NOISER_ARCHITECTURES = ("gru", "transformer")
+NOISER_ARCHITECTURES = get_args(NoiserArch)  # gru | transformer
 
 
 def build_noiser(

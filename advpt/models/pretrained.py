@@ -1,10 +1,8 @@
-"""Pre-trained encoders in and out: advpt runs, advpt exports and TAPE checkpoints.
+"""Encoder weights in and out without DeepSpeed: advpt exports and TAPE checkpoints.
 
-:func:`load_encoder` takes any of three directories and returns a fp32 :class:`ProteinEncoder`:
+Two kinds of directory, each loaded as a fp32 :class:`ProteinEncoder` (run directories, which
+need DeepSpeed to consolidate, are read by ``advpt.training.consolidate.load_encoder``):
 
-* an advpt pre-training run (``config.json`` + ``checkpoints/latest``): the newest complete
-  checkpoint of the ``MaskedLanguageModel`` engine, consolidated to fp32 for any ZeRO stage and
-  any number of ranks it was written with;
 * an advpt export (``config.json`` + ``model.safetensors``, written by ``advpt.export``), which
   loads with torch and safetensors alone, no DeepSpeed;
 * a TAPE ``ProteinBertModel.save_pretrained`` directory (``config.json`` + ``pytorch_model.bin``).
@@ -27,7 +25,8 @@ from typing import Any, TypeVar
 import torch
 from safetensors.torch import load_file, save_file
 
-from advpt.models.encoder import ENCODER_PRESETS, EncoderConfig, MaskedLanguageModel, ProteinEncoder
+from advpt.errors import CheckpointError
+from advpt.models.encoder import EncoderConfig, ProteinEncoder
 from advpt.models.heads import HeadConfig, TaskModel
 
 EXPORT_FORMAT = "advpt-encoder"
@@ -40,12 +39,7 @@ State = dict[str, torch.Tensor]
 ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
 
-class CheckpointError(ValueError):
-    """A checkpoint or pre-trained encoder directory that is missing, incomplete, unsafe to
-    unpickle or of an unknown kind; reported as one sentence."""
-
-
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         content = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
@@ -67,105 +61,9 @@ def _load_into(module: ModuleT, state: State, source: Path) -> ModuleT:
     return module.eval()
 
 
-def _build(cfg: EncoderConfig, state: State, source: Path) -> ProteinEncoder:
+def build_encoder(cfg: EncoderConfig, state: State, source: Path) -> ProteinEncoder:
     """A fp32 encoder holding ``state``."""
     return _load_into(ProteinEncoder(cfg), state, source)
-
-
-def load_encoder(path: str | Path) -> ProteinEncoder:
-    """The encoder saved in ``path``: an advpt run directory, an advpt export or a TAPE model."""
-    root = Path(path)
-    if not root.is_dir():
-        raise CheckpointError(f"pre-trained encoder {root} is not a directory")
-    if (root / "checkpoints").is_dir():
-        return _from_run_dir(root)
-    if (root / EXPORT_WEIGHTS).is_file():
-        return load_export(root)
-    if (root / TAPE_WEIGHTS).is_file():
-        return load_tape(root)
-    raise CheckpointError(
-        f"{root} is none of: an advpt run directory (checkpoints/), an advpt export "
-        f"({EXPORT_WEIGHTS}) or a TAPE save_pretrained directory ({TAPE_WEIGHTS})"
-    )
-
-
-# ----------------------------------------------------------------------------- advpt runs
-
-
-def _from_run_dir(run_dir: Path) -> ProteinEncoder:
-    """The newest complete checkpoint of a pre-training run, as a fp32 encoder."""
-    # DeepSpeed is needed for run directories only, so that exports load without it.
-    from advpt.training.checkpoint import latest_tag
-
-    preset = _read_json(run_dir / CONFIG_FILE).get("model", {}).get("encoder")
-    if preset not in ENCODER_PRESETS:
-        raise CheckpointError(
-            f"{run_dir / CONFIG_FILE} names encoder preset {preset!r}, which is not one of "
-            f"{', '.join(ENCODER_PRESETS)}"
-        )
-    tag = latest_tag(run_dir / "checkpoints")
-    if tag is None:
-        raise CheckpointError(
-            f"run directory {run_dir} has no complete checkpoint (checkpoints/latest is missing)"
-        )
-    model = MaskedLanguageModel(ENCODER_PRESETS[preset])
-    state = _consolidated(run_dir / "checkpoints" / "encoder", tag, model)
-    prefix = "encoder."
-    encoder_state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
-    return _build(model.encoder.cfg, encoder_state, run_dir / "checkpoints" / "encoder" / tag)
-
-
-def _consolidated(engine_dir: Path, tag: str, model: MaskedLanguageModel) -> State:
-    """fp32 weights of the ``MaskedLanguageModel`` checkpoint ``engine_dir/tag``.
-
-    ZeRO 1-3 shard fp32 master weights into ``*zero_pp_rank_*_optim_states.pt`` files, which
-    DeepSpeed's ``zero_to_fp32`` consolidates whatever the number of ranks. ZeRO 0 keeps the
-    full module in ``mp_rank_00_model_states.pt``: exact in fp32 runs, rounded to bf16/fp16 in
-    mixed-precision ones, whose fp32 masters are then taken from the optimizer state.
-    """
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    from advpt.training import checkpoint as run_checkpoint
-
-    folder = engine_dir / tag
-    if not folder.is_dir():
-        raise CheckpointError(f"checkpoint {folder} is missing")
-    # DeepSpeed unpickles in full: refuse files that hold more than plain data first.
-    run_checkpoint.verify_weights_only(folder)
-    if any(folder.glob("*zero_pp_rank_*_optim_states.pt")):
-        return get_fp32_state_dict_from_zero_checkpoint(str(engine_dir), tag)
-    checkpoint = torch.load(
-        folder / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False
-    )
-    module: State = checkpoint["module"]
-    if all(t.dtype == torch.float32 for t in module.values()):
-        return module
-    return {**module, **_fp32_masters(checkpoint["optimizer"], model)}
-
-
-def _fp32_masters(optimizer_state: dict[str, Any], model: MaskedLanguageModel) -> State:
-    """Name -> fp32 master weight from a ZeRO-0 mixed-precision optimizer state.
-
-    DeepSpeed's FP16 optimizers keep one fp32 copy per parameter group, in the order of the
-    groups advpt built (``parameter_groups``): a list per group (unfused optimizer) or one flat
-    tensor per group (fused).
-    """
-    from advpt.training.engines import parameter_groups
-
-    names = {id(p): name for name, p in model.named_parameters()}
-    groups = [group["params"] for group in parameter_groups(model)]
-    if "fp32_groups" in optimizer_state:
-        masters = optimizer_state["fp32_groups"]
-    else:
-        masters = [
-            torch.split(flat[: sum(p.numel() for p in params)], [p.numel() for p in params])
-            for flat, params in zip(optimizer_state["fp32_groups_flat"], groups, strict=True)
-        ]
-    state: State = {}
-    for params, copies in zip(groups, masters, strict=True):
-        for param, master in zip(params, copies, strict=True):
-            state[names[id(param)]] = master.float().view_as(param)
-    return state
 
 
 # ----------------------------------------------------------------------------- advpt exports
@@ -181,7 +79,7 @@ def _save_weights_dir(module: torch.nn.Module, out_dir: Path, config: dict[str, 
 
 def _read_weights_config(root: Path, kind: str, what: str) -> tuple[dict[str, Any], EncoderConfig]:
     """The ``config.json`` of a :func:`_save_weights_dir` directory of format ``kind``."""
-    config = _read_json(root / CONFIG_FILE)
+    config = read_json(root / CONFIG_FILE)
     if config.get("format") != kind or not isinstance(config.get("encoder"), dict):
         raise CheckpointError(f"{root / CONFIG_FILE} is not an advpt {what}")
     try:
@@ -200,7 +98,7 @@ def load_export(export_dir: str | Path) -> ProteinEncoder:
     """An encoder written by :func:`save_export`; needs torch and safetensors only."""
     root = Path(export_dir)
     _, cfg = _read_weights_config(root, EXPORT_FORMAT, "encoder export")
-    return _build(cfg, load_file(str(root / EXPORT_WEIGHTS)), root / EXPORT_WEIGHTS)
+    return build_encoder(cfg, load_file(str(root / EXPORT_WEIGHTS)), root / EXPORT_WEIGHTS)
 
 
 def save_task_model(model: TaskModel, out_dir: Path, task: dict[str, Any]) -> None:
@@ -283,7 +181,7 @@ def _encoder_config_from_tape(config: dict[str, Any], source: Path) -> EncoderCo
 def load_tape(tape_dir: str | Path) -> ProteinEncoder:
     """A TAPE ``ProteinBertModel`` (or task model: ``bert.`` prefix) as an advpt encoder."""
     root = Path(tape_dir)
-    cfg = _encoder_config_from_tape(_read_json(root / CONFIG_FILE), root / CONFIG_FILE)
+    cfg = _encoder_config_from_tape(read_json(root / CONFIG_FILE), root / CONFIG_FILE)
     weights = root / TAPE_WEIGHTS
     try:
         tape = torch.load(weights, map_location="cpu", weights_only=True)
@@ -308,7 +206,7 @@ def load_tape(tape_dir: str | Path) -> ProteinEncoder:
             state[f"layers.{i}.attention.qkv.{kind}"] = torch.cat(parts)
             for name, tape_name in _TAPE_LAYER.items():
                 state[f"layers.{i}.{name}.{kind}"] = get(f"{src}{tape_name}.{kind}")
-    return _build(cfg, state, weights)
+    return build_encoder(cfg, state, weights)
 
 
 def save_tape(encoder: ProteinEncoder, out_dir: Path) -> None:

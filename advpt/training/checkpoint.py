@@ -34,7 +34,7 @@ from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
 from deepspeed.runtime.zero.config import ZeroStageEnum
 from deepspeed.utils.tensor_fragment import fragment_address
 
-from advpt.models.pretrained import CheckpointError
+from advpt.errors import CheckpointError
 
 _TAG = re.compile(r"^step(\d+)$")
 # Plain-data classes found in DeepSpeed's ZeRO and mixed-precision optimizer states (0.19).

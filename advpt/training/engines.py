@@ -22,7 +22,7 @@ import torch.nn as nn
 from deepspeed.runtime.config import DeepSpeedConfig
 from torch.optim.lr_scheduler import LambdaLR
 
-from advpt.config import ConfigError
+from advpt.errors import ConfigError
 
 
 def load_ds_config(path: str, tensorboard_dir: Path, job_name: str) -> dict[str, Any]:

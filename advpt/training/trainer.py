@@ -11,8 +11,13 @@ loss. In an encoder step the noiser runs under ``no_grad`` and the encoder engin
 Simultaneous (``--schedule simultaneous``, beyond the paper): every micro-step runs the noiser,
 then the encoder *engine* on detached copies of the noiser's sample; the encoder engine's
 backward fills their gradients, and the noiser engine backpropagates them reversed
-(``advpt.masking.reversal``); then both engines step. One forward and one backward per
+(``advpt.training.reversal``); then both engines step. One forward and one backward per
 micro-step, and each engine keeps its own accumulation, loss scaling and ZeRO reduction.
+
+What each phase maximises or minimises is ``advpt.training.objective``; this module is the
+loop around it, read top to bottom: ``train`` runs optimizer steps until the end, an optimizer
+step is a window of micro-steps of the current phase, and logging, validation and checkpoints
+fall due between optimizer steps.
 """
 
 from __future__ import annotations
@@ -31,20 +36,16 @@ from tqdm import tqdm
 from advpt.config import TrainConfig
 from advpt.data.collate import Batch
 from advpt.data.stream import MicroBatches, stream_loader
-from advpt.masking.adversarial import AdversarialSample, adversarial_corrupt, position_entropy
-from advpt.masking.importance import (
-    effective_sample_share,
-    importance_weights,
-    with_random_options,
-)
-from advpt.masking.reversal import EngineBridge
+from advpt.errors import CheckpointError
+from advpt.masking.importance import effective_sample_share
 from advpt.models.encoder import MLMOutput
 from advpt.training import checkpoint
 from advpt.training.engines import current_lr
 from advpt.training.monitor import MetricsAccumulator, MetricsWriter, check_collapse
+from advpt.training.objective import AdversarialObjective, Draw, masked_lm
 from advpt.training.schedule import ENCODER, JOINT, NOISER, batch_growth, make_schedule
 
-MicroStep = Callable[[Batch], MLMOutput]
+MicroStep = Callable[[Batch, bool], MLMOutput]
 
 
 class NonFiniteError(RuntimeError):
@@ -62,22 +63,6 @@ class Counters:
     def step(self) -> int:
         """Optimizer steps so far, a joint step once: the x axis of every logged metric."""
         return self.encoder_step + self.noiser_step - self.joint_step
-
-
-@dataclass
-class Draw:
-    """One noiser draw for a micro-batch, and what the losses and monitoring need from it.
-
-    Attributes:
-        sample: the corrupted input and chosen positions.
-        entropy: ``[B]`` normalized entropy of the position distribution (with the scores'
-            gradient, for the entropy bonus).
-        importance: ``[B, L]`` importance weights (importance estimator only), no gradient.
-    """
-
-    sample: AdversarialSample
-    entropy: torch.Tensor
-    importance: torch.Tensor | None
 
 
 class Trainer:
@@ -107,8 +92,10 @@ class Trainer:
         self.counters = Counters()
         self.base_batch = {name: e.train_batch_size() for name, e in self.engines.items()}
         self.is_main = not dist.is_initialized() or dist.get_rank() == 0
+        self.objective = AdversarialObjective(
+            config.masking, config.importance, config.schedule.reversal_scale
+        )
         self.metrics = MetricsAccumulator(device)
-        self._logging_step = False
         self._last_phase = self.schedule.phase
         self._skipped_in_a_row = {name: 0 for name in self.engines}
         self._grad_norms: dict[str, torch.Tensor] = {}
@@ -119,270 +106,6 @@ class Trainer:
         if self.noiser is not None:
             engines["noiser"] = self.noiser
         return engines
-
-    # ----------------------------------------------------------------- one micro-step each
-
-    def _corrupt(self, scores: torch.Tensor, batch: Batch) -> AdversarialSample:
-        m = self.config.masking
-        return adversarial_corrupt(
-            scores,
-            batch.inputs,
-            batch.eligible,
-            batch.budget,
-            batch.max_budget,
-            m.subset_temperature,
-            m.option_temperature,
-            m.straight_through_positions,
-            m.sampler_backend,
-        )
-
-    def _draw(self, scores: torch.Tensor, batch: Batch) -> Draw:
-        """Sample the noiser's corruption from ``scores`` ``[B, L, 1 + 2 + A]``.
-
-        The importance estimator takes only the positions from the noiser and corrupts them
-        80/10/10, so that reweighting the positions recovers the random-MLM objective.
-        """
-        importance = None
-        if self.config.importance:
-            sample = self._corrupt(with_random_options(scores), batch)
-            importance = importance_weights(
-                scores[..., 0], batch.eligible, batch.budget, sample.positions,
-                self.config.masking.importance_clip,
-            )  # fmt: skip
-        else:
-            sample = self._corrupt(scores, batch)
-        return Draw(sample, position_entropy(scores, batch.eligible), importance)
-
-    def _loss_weight(self, draw: Draw, straight_through: bool) -> torch.Tensor | None:
-        """``[B, L]`` weight of each masked position in the MLM loss; None when all are 1.
-
-        The importance weights (if any); with ``straight_through``, times the straight-through
-        factor of the noiser's positions (1 in value), whose gradient tells the noiser where the
-        loss is counted.
-        """
-        weight = draw.importance
-        if straight_through:
-            sample = draw.sample
-            st = torch.where(sample.positions, sample.weight, torch.ones_like(sample.weight))
-            weight = st if weight is None else st * weight
-        return weight
-
-    def _entropy_bonus(self, draw: Draw) -> torch.Tensor:
-        """What the noiser gains for spreading its masks: bonus x mean position entropy."""
-        return self.config.masking.noiser_entropy_bonus * draw.entropy.mean()
-
-    def noiser_backward(self, batch: Batch) -> tuple[MLMOutput, Draw]:
-        """Gradients that maximise the MLM loss w.r.t. the noiser; the encoder is frozen."""
-        draw = self._draw(self.noiser(batch.ids, batch.lengths), batch)
-        params = list(self.encoder.module.parameters())
-        for p in params:
-            p.requires_grad_(False)
-        try:
-            out = self.encoder.module(
-                draw.sample.one_hot,
-                batch.valid,
-                batch.ids,
-                batch.random_masked | draw.sample.positions,
-                batch.num_masked,
-                self._loss_weight(draw, straight_through=True),
-                batch.has_padding,
-            )
-            self.noiser.backward(-(out.loss + self._entropy_bonus(draw)))
-        finally:
-            for p in params:
-                p.requires_grad_(True)
-        return out, draw
-
-    def encoder_backward(self, batch: Batch) -> tuple[MLMOutput, Draw | None]:
-        """Gradients that minimise the MLM loss w.r.t. the encoder; the noiser only samples."""
-        draw = None
-        tokens, masked, weight = batch.inputs, batch.random_masked, None
-        if self.noiser is not None:
-            with torch.no_grad():
-                draw = self._draw(self.noiser.module(batch.ids, batch.lengths), batch)
-            tokens, masked = draw.sample.ids, batch.random_masked | draw.sample.positions
-            weight = self._loss_weight(draw, straight_through=False)
-        out = self.encoder(
-            tokens, batch.valid, batch.ids, masked, batch.num_masked, weight, batch.has_padding
-        )
-        self.encoder.backward(out.loss)
-        return out, draw
-
-    def joint_backward(self, batch: Batch) -> tuple[MLMOutput, Draw]:
-        """One forward and backward: encoder gradients of the loss, noiser gradients reversed.
-
-        The encoder engine runs on detached copies of the noiser's straight-through sample and
-        loss weight (``EngineBridge``), so each engine's backward stays within its own graph;
-        the noiser receives ``-reversal_scale`` times the loss gradient at the cut.
-        """
-        draw = self._draw(self.noiser(batch.ids, batch.lengths), batch)
-        bridge = EngineBridge(draw.sample.one_hot, self._loss_weight(draw, straight_through=True))
-        one_hot, weight = bridge.leaves
-        masked = batch.random_masked | draw.sample.positions
-        out = self.encoder(
-            one_hot, batch.valid, batch.ids, masked, batch.num_masked, weight, batch.has_padding
-        )
-        bridge.watch(out.loss)
-        self.encoder.backward(out.loss)
-        objective = bridge.noiser_objective(self.config.schedule.reversal_scale)
-        self.noiser.backward(objective - self._entropy_bonus(draw))
-        return out, draw
-
-    def noiser_micro_step(self, batch: Batch) -> MLMOutput:
-        """A noiser backward and (at the accumulation boundary) its optimizer step."""
-        out, draw = self.noiser_backward(batch)
-        self._step("noiser", self.noiser)
-        self._record(NOISER, out, draw, batch)
-        return out
-
-    def encoder_micro_step(self, batch: Batch) -> MLMOutput:
-        """An encoder backward and (at the accumulation boundary) its optimizer step."""
-        out, draw = self.encoder_backward(batch)
-        self._step("encoder", self.encoder)
-        self._record(ENCODER, out, draw, batch)
-        return out
-
-    def joint_micro_step(self, batch: Batch) -> MLMOutput:
-        """A joint backward, then both engines step; logged as encoder loss (one shared loss)."""
-        out, draw = self.joint_backward(batch)
-        self._step("encoder", self.encoder)
-        self._step("noiser", self.noiser)
-        self._record(ENCODER, out, draw, batch)
-        return out
-
-    def _step(self, name: str, engine: deepspeed.DeepSpeedEngine) -> None:
-        """``engine.step()``, first noting the gradient norm if this step will be logged.
-
-        DeepSpeed reports the norm itself under ZeRO and mixed precision, but not for a plain
-        fp32 optimizer; there the (already all-reduced) gradients are measured here, on the
-        device and only on logging steps.
-        """
-        if (
-            self._logging_step
-            and engine.is_gradient_accumulation_boundary()
-            and not hasattr(engine.optimizer, "_global_grad_norm")
-        ):
-            grads = [p.grad.norm() for p in engine.module.parameters() if p.grad is not None]
-            if grads:
-                self._grad_norms[name] = torch.linalg.vector_norm(torch.stack(grads))
-        engine.step()
-
-    def _record(self, phase: str, out: MLMOutput, draw: Draw | None, batch: Batch) -> None:
-        if draw is None:
-            is_adv = torch.zeros_like(out.token_correct)
-        else:
-            sample = draw.sample
-            is_adv = sample.positions.flatten().index_select(0, out.positions)
-            option = sample.option.flatten().index_select(0, out.positions)
-            self.metrics.add_option_losses(out.token_loss, option, is_adv)
-            self.metrics.add_masking(batch.ids, sample.positions, sample.option)
-            ess = None
-            if draw.importance is not None:
-                ess = effective_sample_share(draw.importance, sample.positions)
-            self.metrics.add_draw(draw.entropy, ess)
-        self.metrics.add_step(phase, out.loss, out.token_loss, out.token_correct, is_adv)
-        self.metrics.add_tokens(batch.num_tokens, batch.ids.numel())
-
-    # ---------------------------------------------------------------------- the loop
-
-    def _apply_batch_growth(self) -> None:
-        s = self.config.schedule
-        factor = batch_growth(
-            self.counters.encoder_step, s.max_steps, s.batch_growth_at, s.batch_growth_factor
-        )
-        for name, engine in self.engines.items():
-            target = self.base_batch[name] * factor
-            if engine.train_batch_size() != target:
-                engine.set_train_batch_size(target)
-
-    def phase_step(self) -> tuple[str, deepspeed.DeepSpeedEngine, MicroStep]:
-        """The current phase, the engine whose accumulation window it fills, its micro-step.
-
-        A joint step fills both engines' windows, which have one length (checked at build).
-        """
-        phase = self.schedule.phase
-        if phase == NOISER:
-            return phase, self.noiser, self.noiser_micro_step
-        if phase == JOINT:
-            return phase, self.encoder, self.joint_micro_step
-        return phase, self.encoder, self.encoder_micro_step
-
-    def _optimizer_step(self, data: Iterator[Batch]) -> None:
-        """One optimizer step of the current phase: a full accumulation window of micro-steps.
-
-        The window's last micro-step is marked as the boundary explicitly. Left to itself an
-        engine finds its boundary by counting micro-steps since *it* was built: a resumed engine
-        restarts that count (DeepSpeed does not checkpoint it), and once the batch grows the
-        windows would then straddle optimizer steps differently from an uninterrupted run.
-        """
-        phase, engine, micro_step = self.phase_step()
-        trained = {"noiser": phase in (NOISER, JOINT), "encoder": phase in (ENCODER, JOINT)}
-        stepping = [e for name, e in self.engines.items() if trained[name]]
-        self._logging_step = (self.counters.step + 1) % self.config.run.log_every == 0
-        window = engine.gradient_accumulation_steps()
-        for micro in range(window):
-            for e in stepping:
-                e.set_gradient_accumulation_boundary(micro == window - 1)
-            batch = next(data).to(self.device)
-            self.counters.micro_batches += 1
-            micro_step(batch)
-        self.counters.noiser_step += trained["noiser"]
-        self.counters.encoder_step += trained["encoder"]
-        self.counters.joint_step += phase == JOINT
-        self.schedule.advance()
-        self._last_phase = phase
-        for name, engine in self.engines.items():
-            if trained[name]:
-                self._check_step_applied(name, engine)
-
-    def _check_step_applied(self, name: str, engine: deepspeed.DeepSpeedEngine) -> None:
-        """Count non-finite (skipped) steps in a row; too many saves the last good state and stops.
-
-        A skipped step leaves the weights as they were, so the checkpoint is the last good state.
-        """
-        if engine.was_step_applied():
-            self._skipped_in_a_row[name] = 0
-            return
-        self._skipped_in_a_row[name] += 1
-        limit = self.config.run.max_skipped_in_a_row
-        if self._skipped_in_a_row[name] >= limit:
-            self.save()
-            raise NonFiniteError(
-                f"the {name} had non-finite losses or gradients in {limit} optimizer steps in a "
-                f"row (encoder step {self.counters.encoder_step}); the last good state is saved "
-                f"in {self.checkpoints}"
-            )
-
-    def trainer_state(self) -> dict[str, Any]:
-        return {
-            "counters": vars(self.counters).copy(),
-            "schedule": self.schedule.state_dict(),
-            "base_batch": self.base_batch,
-        }
-
-    def save(self) -> None:
-        tag = checkpoint.checkpoint_tag(self.counters.encoder_step)
-        checkpoint.save_checkpoint(
-            self.checkpoints,
-            tag,
-            self.engines,
-            self.trainer_state(),
-            self.config.run.keep_checkpoints,
-        )
-
-    def restore(self) -> bool:
-        """Load the newest complete checkpoint if there is one; True if something was loaded."""
-        tag = checkpoint.latest_tag(self.checkpoints)
-        if tag is None:
-            return False
-        state = checkpoint.load_checkpoint(self.checkpoints, tag, self.engines)
-        self.counters = Counters(**state["counters"])
-        try:
-            self.schedule.load_state_dict(state["schedule"])
-        except ValueError as exc:
-            raise checkpoint.CheckpointError(f"{self.checkpoints}: {exc}") from None
-        self.base_batch = dict(state["base_batch"])
-        return True
 
     def train(self) -> dict[str, Any]:
         """Run until ``max_steps`` encoder steps (or ``stop_after_steps`` in this process)."""
@@ -432,6 +155,152 @@ class Trainer:
             self.save()
         return record
 
+    # ----------------------------------------------------------------- one optimizer step
+
+    def _apply_batch_growth(self) -> None:
+        s = self.config.schedule
+        factor = batch_growth(
+            self.counters.encoder_step, s.max_steps, s.batch_growth_at, s.batch_growth_factor
+        )
+        for name, engine in self.engines.items():
+            target = self.base_batch[name] * factor
+            if engine.train_batch_size() != target:
+                engine.set_train_batch_size(target)
+
+    def phase_step(self) -> tuple[str, deepspeed.DeepSpeedEngine, MicroStep]:
+        """The current phase, the engine whose accumulation window it fills, its micro-step.
+
+        A joint step fills both engines' windows, which have one length (checked at build).
+        """
+        phase = self.schedule.phase
+        if phase == NOISER:
+            return phase, self.noiser, self.noiser_micro_step
+        if phase == JOINT:
+            return phase, self.encoder, self.joint_micro_step
+        return phase, self.encoder, self.encoder_micro_step
+
+    def _optimizer_step(self, data: Iterator[Batch]) -> None:
+        """One optimizer step of the current phase: a full accumulation window of micro-steps.
+
+        The window's last micro-step is marked as the boundary explicitly. Left to itself an
+        engine finds its boundary by counting micro-steps since *it* was built: a resumed engine
+        restarts that count (DeepSpeed does not checkpoint it), and once the batch grows the
+        windows would then straddle optimizer steps differently from an uninterrupted run.
+        """
+        phase, engine, micro_step = self.phase_step()
+        trained = {"noiser": phase in (NOISER, JOINT), "encoder": phase in (ENCODER, JOINT)}
+        stepping = [e for name, e in self.engines.items() if trained[name]]
+        log = (self.counters.step + 1) % self.config.run.log_every == 0
+        window = engine.gradient_accumulation_steps()
+        for micro in range(window):
+            for e in stepping:
+                e.set_gradient_accumulation_boundary(micro == window - 1)
+            batch = next(data).to(self.device)
+            self.counters.micro_batches += 1
+            micro_step(batch, log)
+        self.counters.noiser_step += trained["noiser"]
+        self.counters.encoder_step += trained["encoder"]
+        self.counters.joint_step += phase == JOINT
+        self.schedule.advance()
+        self._last_phase = phase
+        for name, engine in self.engines.items():
+            if trained[name]:
+                self._check_step_applied(name, engine)
+
+    def _check_step_applied(self, name: str, engine: deepspeed.DeepSpeedEngine) -> None:
+        """Count non-finite (skipped) steps in a row; too many saves the last good state and stops.
+
+        A skipped step leaves the weights as they were, so the checkpoint is the last good state.
+        """
+        if engine.was_step_applied():
+            self._skipped_in_a_row[name] = 0
+            return
+        self._skipped_in_a_row[name] += 1
+        limit = self.config.run.max_skipped_in_a_row
+        if self._skipped_in_a_row[name] >= limit:
+            self.save()
+            raise NonFiniteError(
+                f"the {name} had non-finite losses or gradients in {limit} optimizer steps in a "
+                f"row (encoder step {self.counters.encoder_step}); the last good state is saved "
+                f"in {self.checkpoints}"
+            )
+
+    # ----------------------------------------------------------------- one micro-step each
+
+    def noiser_micro_step(self, batch: Batch, log: bool = False) -> MLMOutput:
+        """A noiser backward and (at the accumulation boundary) its optimizer step."""
+        out, draw = self.noiser_backward(batch)
+        self._step("noiser", self.noiser, log)
+        self._record(NOISER, out, draw, batch)
+        return out
+
+    def encoder_micro_step(self, batch: Batch, log: bool = False) -> MLMOutput:
+        """An encoder backward and (at the accumulation boundary) its optimizer step."""
+        out, draw = self.encoder_backward(batch)
+        self._step("encoder", self.encoder, log)
+        self._record(ENCODER, out, draw, batch)
+        return out
+
+    def joint_micro_step(self, batch: Batch, log: bool = False) -> MLMOutput:
+        """A joint backward, then both engines step; logged as encoder loss (one shared loss)."""
+        out, draw = self.joint_backward(batch)
+        self._step("encoder", self.encoder, log)
+        self._step("noiser", self.noiser, log)
+        self._record(ENCODER, out, draw, batch)
+        return out
+
+    # Which engine runs which part of each phase: the frozen encoder of the noiser phase and
+    # the sampling noiser of the encoder phase run as plain modules (see the module docstring).
+
+    def noiser_backward(self, batch: Batch) -> tuple[MLMOutput, Draw]:
+        return self.objective.noiser_backward(
+            self.noiser, self.encoder.module, batch, self.noiser.backward
+        )
+
+    def encoder_backward(self, batch: Batch) -> tuple[MLMOutput, Draw | None]:
+        noiser = None if self.noiser is None else self.noiser.module
+        return self.objective.encoder_backward(noiser, self.encoder, batch, self.encoder.backward)
+
+    def joint_backward(self, batch: Batch) -> tuple[MLMOutput, Draw]:
+        return self.objective.joint_backward(
+            self.noiser, self.encoder, batch, self.encoder.backward, self.noiser.backward
+        )
+
+    def _step(self, name: str, engine: deepspeed.DeepSpeedEngine, log: bool) -> None:
+        """``engine.step()``, first noting the gradient norm if this step will be ``log``-ged.
+
+        DeepSpeed reports the norm itself under ZeRO and mixed precision, but not for a plain
+        fp32 optimizer; there the (already all-reduced) gradients are measured here, on the
+        device and only on logging steps.
+        """
+        if (
+            log
+            and engine.is_gradient_accumulation_boundary()
+            and not hasattr(engine.optimizer, "_global_grad_norm")
+        ):
+            grads = [p.grad.norm() for p in engine.module.parameters() if p.grad is not None]
+            if grads:
+                self._grad_norms[name] = torch.linalg.vector_norm(torch.stack(grads))
+        engine.step()
+
+    def _record(self, phase: str, out: MLMOutput, draw: Draw | None, batch: Batch) -> None:
+        if draw is None:
+            is_adv = torch.zeros_like(out.token_correct)
+        else:
+            sample = draw.sample
+            is_adv = sample.positions.flatten().index_select(0, out.positions)
+            option = sample.option.flatten().index_select(0, out.positions)
+            self.metrics.add_option_losses(out.token_loss, option, is_adv)
+            self.metrics.add_masking(batch.ids, sample.positions, sample.option)
+            ess = None
+            if draw.importance is not None:
+                ess = effective_sample_share(draw.importance, sample.positions)
+            self.metrics.add_draw(draw.entropy, ess)
+        self.metrics.add_step(phase, out.loss, out.token_loss, out.token_correct, is_adv)
+        self.metrics.add_tokens(batch.num_tokens, batch.ids.numel())
+
+    # ----------------------------------------------------------------- reporting
+
     def _log(self, writer: MetricsWriter, progress: tqdm) -> dict[str, Any]:
         record: dict[str, Any] = {
             "phase": self._last_phase,  # of the step just taken
@@ -464,10 +333,7 @@ class Trainer:
         start = time.perf_counter()
         for batch in self.validation:
             batch = batch.to(self.device)
-            out = model(
-                batch.inputs, batch.valid, batch.ids, batch.random_masked, batch.num_masked,
-                None, batch.has_padding,
-            )  # fmt: skip
+            out = masked_lm(model, batch, batch.inputs, batch.random_masked)
             sums[0] += out.token_loss.sum()
             sums[1] += out.token_correct.sum()
             sums[2] += batch.num_masked
@@ -486,3 +352,36 @@ class Trainer:
         }
         writer.write(self.counters.step, record)
         return record
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def trainer_state(self) -> dict[str, Any]:
+        return {
+            "counters": vars(self.counters).copy(),
+            "schedule": self.schedule.state_dict(),
+            "base_batch": self.base_batch,
+        }
+
+    def save(self) -> None:
+        tag = checkpoint.checkpoint_tag(self.counters.encoder_step)
+        checkpoint.save_checkpoint(
+            self.checkpoints,
+            tag,
+            self.engines,
+            self.trainer_state(),
+            self.config.run.keep_checkpoints,
+        )
+
+    def restore(self) -> bool:
+        """Load the newest complete checkpoint if there is one; True if something was loaded."""
+        tag = checkpoint.latest_tag(self.checkpoints)
+        if tag is None:
+            return False
+        state = checkpoint.load_checkpoint(self.checkpoints, tag, self.engines)
+        self.counters = Counters(**state["counters"])
+        try:
+            self.schedule.load_state_dict(state["schedule"])
+        except ValueError as exc:
+            raise CheckpointError(f"{self.checkpoints}: {exc}") from None
+        self.base_batch = dict(state["base_batch"])
+        return True

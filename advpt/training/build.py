@@ -1,0 +1,133 @@
+"""Everything a run is built from: the process group, the data, the models and their engines.
+
+The entry points (``advpt.train``, the benchmark and study scripts) call :func:`init_distributed`
+and :func:`build_trainer`; nothing imports an entry point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import deepspeed
+import torch
+import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
+
+from advpt.config import TrainConfig
+from advpt.data.batching import LengthBucketedBatches
+from advpt.data.collate import Batch, MaskingCollator
+from advpt.data.dataset import CroppedView, ProteinDataset, train_val_split
+from advpt.data.stream import MicroBatches, validation_batches
+from advpt.errors import ConfigError
+from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
+from advpt.training.engines import build_engine, load_ds_config
+from advpt.training.schedule import noiser_lr_steps
+from advpt.training.trainer import Trainer
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> torch.device:
+    """Join the launcher's process group, or make a group of one without it."""
+    if "RANK" not in os.environ:
+        os.environ.update(
+            RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+        )  # fmt: skip
+    accelerator = get_accelerator()
+    backend = (
+        "gloo" if accelerator.device_name() == "cpu" else accelerator.communication_backend_name()
+    )
+    deepspeed.init_distributed(dist_backend=backend)
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if accelerator.device_name() == "cpu":
+        return torch.device("cpu")
+    accelerator.set_device(local_rank)
+    return torch.device(accelerator.device_name(local_rank))
+
+
+def build_trainer(config: TrainConfig, device: torch.device) -> Trainer:
+    """Data, models and engines for ``config``."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    board_dir = Path(config.run.run_dir) / "tensorboard"
+    encoder_ds = load_ds_config(config.deepspeed_config, board_dir, "encoder")
+    micro_batch = encoder_ds["train_micro_batch_size_per_gpu"]
+    noiser_ds = None
+    if config.adversarial:
+        noiser_ds = load_ds_config(config.noiser_deepspeed_config, board_dir, "noiser")
+        if noiser_ds["train_micro_batch_size_per_gpu"] != micro_batch:
+            raise ConfigError(
+                f"DeepSpeed configs {config.deepspeed_config} and {config.noiser_deepspeed_config}"
+                " must set the same train_micro_batch_size_per_gpu (both engines see one batch)"
+            )
+
+    stream, validation = build_data(config, micro_batch, rank, world)
+    encoder, noiser = build_engines(config, encoder_ds, noiser_ds)
+    return Trainer(config, encoder, noiser, stream, validation, device)
+
+
+def build_data(
+    config: TrainConfig, micro_batch: int, rank: int, world: int
+) -> tuple[MicroBatches, list[Batch]]:
+    """This rank's training stream and validation micro-batches."""
+    d = config.data
+    dataset = ProteinDataset.from_path(d.data, d.unknown_to_unk, d.skip_bad_records)
+    train_idx, val_idx = train_val_split(len(dataset), d.val_fraction, config.run.seed)
+    train_view = CroppedView(dataset, train_idx, d.max_length, config.run.seed)
+    random_rate, adversarial_rate = config.masking_rates()
+    batches = LengthBucketedBatches(
+        train_view.token_lengths, micro_batch, rank=rank, world_size=world,
+        seed=config.run.seed, bucket_batches=d.bucket_batches,
+    )  # fmt: skip
+    stream = MicroBatches(
+        train_view, batches, MaskingCollator(random_rate, adversarial_rate, config.run.seed)
+    )
+    validation = []
+    if len(val_idx):
+        val_view = CroppedView(dataset, val_idx, d.max_length, config.run.seed)
+        val_collate = MaskingCollator(random_rate + adversarial_rate, 0.0, config.run.seed + 1)
+        validation = validation_batches(
+            val_view, micro_batch, val_collate, config.run.eval_batches, rank, world
+        )
+    return stream, validation
+
+
+def build_engines(
+    config: TrainConfig, encoder_ds: dict[str, Any], noiser_ds: dict[str, Any] | None
+) -> tuple[deepspeed.DeepSpeedEngine, deepspeed.DeepSpeedEngine | None]:
+    """The encoder's engine and (adversarial runs) the noiser's, seeded by ``config``."""
+    torch.manual_seed(config.run.seed)
+    s = config.schedule
+    encoder_cfg = dataclasses.replace(
+        ENCODER_PRESETS[config.model.encoder],
+        activation_checkpointing=config.model.activation_checkpointing,
+    )
+    encoder = build_engine(
+        MaskedLanguageModel(encoder_cfg), encoder_ds, s.warmup_steps, s.max_steps
+    )
+    noiser = None
+    if config.adversarial:
+        m = config.model
+        warmup, total = noiser_lr_steps(
+            s.max_steps, s.warmup_steps, s.noiser_steps, s.encoder_steps,
+            s.noiser_warmup_steps, config.simultaneous,
+        )  # fmt: skip
+        model = build_noiser(m.noiser_arch, m.noiser, m.noiser_bidirectional, m.noiser_context_only)
+        noiser = build_engine(model, noiser_ds, warmup, total)
+        if config.simultaneous and (
+            noiser.gradient_accumulation_steps() != encoder.gradient_accumulation_steps()
+        ):
+            raise ConfigError(
+                f"the simultaneous schedule steps both engines together, so DeepSpeed configs "
+                f"{config.deepspeed_config} and {config.noiser_deepspeed_config} must give the "
+                "same gradient accumulation (train_batch_size)"
+            )
+    return encoder, noiser

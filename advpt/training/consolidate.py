@@ -1,0 +1,120 @@
+"""Pre-trained encoders from any directory, run checkpoints included.
+
+:func:`load_encoder` takes any of three directories and returns a fp32 :class:`ProteinEncoder`:
+
+* an advpt pre-training run (``config.json`` + ``checkpoints/latest``): the newest complete
+  checkpoint of the ``MaskedLanguageModel`` engine, consolidated to fp32 for any ZeRO stage and
+  any number of ranks it was written with (this needs DeepSpeed, hence this module's place in
+  ``training/``);
+* an advpt export or a TAPE ``save_pretrained`` directory, read by ``advpt.models.pretrained``
+  with torch and safetensors alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+from advpt.errors import CheckpointError
+from advpt.models.encoder import ENCODER_PRESETS, MaskedLanguageModel, ProteinEncoder
+from advpt.models.pretrained import (
+    CONFIG_FILE,
+    EXPORT_WEIGHTS,
+    TAPE_WEIGHTS,
+    State,
+    build_encoder,
+    load_export,
+    load_tape,
+    read_json,
+)
+from advpt.training.checkpoint import latest_tag, verify_weights_only
+from advpt.training.engines import parameter_groups
+
+
+def load_encoder(path: str | Path) -> ProteinEncoder:
+    """The encoder saved in ``path``: an advpt run directory, an advpt export or a TAPE model."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"pre-trained encoder {root} is not a directory")
+    if (root / "checkpoints").is_dir():
+        return _from_run_dir(root)
+    if (root / EXPORT_WEIGHTS).is_file():
+        return load_export(root)
+    if (root / TAPE_WEIGHTS).is_file():
+        return load_tape(root)
+    raise CheckpointError(
+        f"{root} is none of: an advpt run directory (checkpoints/), an advpt export "
+        f"({EXPORT_WEIGHTS}) or a TAPE save_pretrained directory ({TAPE_WEIGHTS})"
+    )
+
+
+def _from_run_dir(run_dir: Path) -> ProteinEncoder:
+    """The newest complete checkpoint of a pre-training run, as a fp32 encoder."""
+    preset = read_json(run_dir / CONFIG_FILE).get("model", {}).get("encoder")
+    if preset not in ENCODER_PRESETS:
+        raise CheckpointError(
+            f"{run_dir / CONFIG_FILE} names encoder preset {preset!r}, which is not one of "
+            f"{', '.join(ENCODER_PRESETS)}"
+        )
+    tag = latest_tag(run_dir / "checkpoints")
+    if tag is None:
+        raise CheckpointError(
+            f"run directory {run_dir} has no complete checkpoint (checkpoints/latest is missing)"
+        )
+    model = MaskedLanguageModel(ENCODER_PRESETS[preset])
+    state = _consolidated(run_dir / "checkpoints" / "encoder", tag, model)
+    prefix = "encoder."
+    encoder_state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+    return build_encoder(
+        model.encoder.cfg, encoder_state, run_dir / "checkpoints" / "encoder" / tag
+    )
+
+
+def _consolidated(engine_dir: Path, tag: str, model: MaskedLanguageModel) -> State:
+    """fp32 weights of the ``MaskedLanguageModel`` checkpoint ``engine_dir/tag``.
+
+    ZeRO 1-3 shard fp32 master weights into ``*zero_pp_rank_*_optim_states.pt`` files, which
+    DeepSpeed's ``zero_to_fp32`` consolidates whatever the number of ranks. ZeRO 0 keeps the
+    full module in ``mp_rank_00_model_states.pt``: exact in fp32 runs, rounded to bf16/fp16 in
+    mixed-precision ones, whose fp32 masters are then taken from the optimizer state.
+    """
+    folder = engine_dir / tag
+    if not folder.is_dir():
+        raise CheckpointError(f"checkpoint {folder} is missing")
+    # DeepSpeed unpickles in full: refuse files that hold more than plain data first.
+    verify_weights_only(folder)
+    if any(folder.glob("*zero_pp_rank_*_optim_states.pt")):
+        return get_fp32_state_dict_from_zero_checkpoint(str(engine_dir), tag)
+    checkpoint = torch.load(
+        folder / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False
+    )
+    module: State = checkpoint["module"]
+    if all(t.dtype == torch.float32 for t in module.values()):
+        return module
+    return {**module, **_fp32_masters(checkpoint["optimizer"], model)}
+
+
+def _fp32_masters(optimizer_state: dict[str, Any], model: MaskedLanguageModel) -> State:
+    """Name -> fp32 master weight from a ZeRO-0 mixed-precision optimizer state.
+
+    DeepSpeed's FP16 optimizers keep one fp32 copy per parameter group, in the order of the
+    groups advpt built (``parameter_groups``): a list per group (unfused optimizer) or one flat
+    tensor per group (fused).
+    """
+    names = {id(p): name for name, p in model.named_parameters()}
+    groups = [group["params"] for group in parameter_groups(model)]
+    if "fp32_groups" in optimizer_state:
+        masters = optimizer_state["fp32_groups"]
+    else:
+        masters = [
+            torch.split(flat[: sum(p.numel() for p in params)], [p.numel() for p in params])
+            for flat, params in zip(optimizer_state["fp32_groups_flat"], groups, strict=True)
+        ]
+    state: State = {}
+    for params, copies in zip(groups, masters, strict=True):
+        for param, master in zip(params, copies, strict=True):
+            state[names[id(param)]] = master.float().view_as(param)
+    return state

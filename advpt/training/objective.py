@@ -1,0 +1,195 @@
+"""The adversarial objective: what each phase of training maximises or minimises.
+
+The paper's game (Section 2): the noiser scores every residue, the relaxed subset sampler and a
+Gumbel-softmax turn the scores into a corruption of the sequence (``advpt.masking``), and the
+encoder's masked-LM loss at the corrupted positions is what the two play for.
+
+* Noiser phase: the noiser *maximises* the loss (plus an optional entropy bonus on where it
+  masks), with the encoder frozen; the gradient reaches the noiser through the
+  straight-through one-hot input and the straight-through loss weight of its positions.
+* Encoder phase: the encoder *minimises* the loss; the noiser only samples (no gradient).
+* Joint phase (simultaneous schedule, beyond the paper): one forward and backward for both,
+  the noiser receiving the encoder's gradient reversed (``advpt.training.reversal``).
+
+Models are passed in as callables: the trainer passes DeepSpeed engines where an engine's own
+forward and backward must be used, and ``engine.module`` where they must not (the frozen encoder
+in the noiser phase: since deepspeed 0.18.3 an engine hooks its outputs, and a backward through
+them driven by the *other* engine breaks or silently rescales). Each ``*_backward`` runs the
+phase's forward and hands the tensor to differentiate to the given ``backward``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from advpt.config import MaskingConfig
+from advpt.data.collate import Batch
+from advpt.masking.adversarial import AdversarialSample, adversarial_corrupt, position_entropy
+from advpt.masking.importance import importance_weights, with_random_options
+from advpt.models.encoder import MLMOutput
+from advpt.training.reversal import EngineBridge
+
+Backward = Callable[[torch.Tensor], Any]
+
+
+@dataclass
+class Draw:
+    """One noiser draw for a micro-batch, and what the losses and monitoring need from it.
+
+    Attributes:
+        sample: the corrupted input and chosen positions.
+        entropy: ``[B]`` normalized entropy of the position distribution (with the scores'
+            gradient, for the entropy bonus).
+        importance: ``[B, L]`` importance weights (importance estimator only), no gradient.
+    """
+
+    sample: AdversarialSample
+    entropy: torch.Tensor
+    importance: torch.Tensor | None
+
+
+def masked_lm(
+    encoder: Callable[..., MLMOutput],
+    batch: Batch,
+    tokens: torch.Tensor,
+    masked: torch.Tensor,
+    weight: torch.Tensor | None = None,
+) -> MLMOutput:
+    """The encoder's MLM loss on ``batch`` with input ``tokens``, scored at ``masked``.
+
+    Args:
+        encoder: a ``MaskedLanguageModel``, or the engine wrapping it.
+        tokens: ``[B, L]`` ids or ``[B, L, V]`` (straight-through one-hot) input.
+        masked: ``[B, L]`` bool, the positions whose original residue is predicted.
+        weight: ``[B, L]`` per-position loss weight, or None for all 1.
+    """
+    return encoder(
+        tokens, batch.valid, batch.ids, masked, batch.num_masked, weight, batch.has_padding
+    )
+
+
+class AdversarialObjective:
+    """The losses of the noiser, encoder and joint phases for one masking configuration."""
+
+    def __init__(self, masking: MaskingConfig, importance: bool, reversal_scale: float):
+        self.masking = masking
+        self.importance = importance
+        self.reversal_scale = reversal_scale
+
+    def draw(self, scores: torch.Tensor, batch: Batch) -> Draw:
+        """Sample the noiser's corruption from ``scores`` ``[B, L, 1 + 2 + A]``.
+
+        The importance estimator takes only the positions from the noiser and corrupts them
+        80/10/10, so that reweighting the positions recovers the random-MLM objective.
+        """
+        m = self.masking
+        importance = None
+        if self.importance:
+            sample = self._corrupt(with_random_options(scores), batch)
+            importance = importance_weights(
+                scores[..., 0], batch.eligible, batch.budget, sample.positions, m.importance_clip
+            )
+        else:
+            sample = self._corrupt(scores, batch)
+        return Draw(sample, position_entropy(scores, batch.eligible), importance)
+
+    def _corrupt(self, scores: torch.Tensor, batch: Batch) -> AdversarialSample:
+        m = self.masking
+        return adversarial_corrupt(
+            scores,
+            batch.inputs,
+            batch.eligible,
+            batch.budget,
+            batch.max_budget,
+            m.subset_temperature,
+            m.option_temperature,
+            m.straight_through_positions,
+            m.sampler_backend,
+        )
+
+    def loss_weight(self, draw: Draw, straight_through: bool) -> torch.Tensor | None:
+        """``[B, L]`` weight of each masked position in the MLM loss; None when all are 1.
+
+        The importance weights (if any); with ``straight_through``, times the straight-through
+        factor of the noiser's positions (1 in value), whose gradient tells the noiser where the
+        loss is counted.
+        """
+        weight = draw.importance
+        if straight_through:
+            sample = draw.sample
+            st = torch.where(sample.positions, sample.weight, torch.ones_like(sample.weight))
+            weight = st if weight is None else st * weight
+        return weight
+
+    def entropy_bonus(self, draw: Draw) -> torch.Tensor:
+        """What the noiser gains for spreading its masks: bonus x mean position entropy."""
+        return self.masking.noiser_entropy_bonus * draw.entropy.mean()
+
+    def noiser_backward(
+        self, noiser: Callable[..., torch.Tensor], encoder: nn.Module, batch: Batch,
+        backward: Backward,
+    ) -> tuple[MLMOutput, Draw]:  # fmt: skip
+        """Gradients that maximise the MLM loss w.r.t. the noiser; ``encoder`` stays frozen.
+
+        The encoder's parameters are frozen through the backward too, so that a recomputing
+        (activation-checkpointed) forward cannot give them gradients.
+        """
+        draw = self.draw(noiser(batch.ids, batch.lengths), batch)
+        params = list(encoder.parameters())
+        for p in params:
+            p.requires_grad_(False)
+        try:
+            masked = batch.random_masked | draw.sample.positions
+            weight = self.loss_weight(draw, straight_through=True)
+            out = masked_lm(encoder, batch, draw.sample.one_hot, masked, weight)
+            backward(-(out.loss + self.entropy_bonus(draw)))
+        finally:
+            for p in params:
+                p.requires_grad_(True)
+        return out, draw
+
+    def encoder_backward(
+        self, noiser: Callable[..., torch.Tensor] | None, encoder: Callable[..., MLMOutput],
+        batch: Batch, backward: Backward,
+    ) -> tuple[MLMOutput, Draw | None]:  # fmt: skip
+        """Gradients that minimise the MLM loss w.r.t. the encoder; the noiser only samples.
+
+        Without a noiser (random MLM) the encoder sees the random masking alone.
+        """
+        if noiser is None:
+            out = masked_lm(encoder, batch, batch.inputs, batch.random_masked)
+            backward(out.loss)
+            return out, None
+        with torch.no_grad():
+            draw = self.draw(noiser(batch.ids, batch.lengths), batch)
+        masked = batch.random_masked | draw.sample.positions
+        weight = self.loss_weight(draw, straight_through=False)
+        out = masked_lm(encoder, batch, draw.sample.ids, masked, weight)
+        backward(out.loss)
+        return out, draw
+
+    def joint_backward(
+        self, noiser: Callable[..., torch.Tensor], encoder: Callable[..., MLMOutput],
+        batch: Batch, encoder_backward: Backward, noiser_backward: Backward,
+    ) -> tuple[MLMOutput, Draw]:  # fmt: skip
+        """One forward and backward: encoder gradients of the loss, noiser gradients reversed.
+
+        The encoder runs on detached copies of the noiser's straight-through sample and loss
+        weight (``EngineBridge``), so each engine's backward stays within its own graph; the
+        noiser receives ``-reversal_scale`` times the loss gradient at the cut.
+        """
+        draw = self.draw(noiser(batch.ids, batch.lengths), batch)
+        bridge = EngineBridge(draw.sample.one_hot, self.loss_weight(draw, straight_through=True))
+        one_hot, weight = bridge.leaves
+        masked = batch.random_masked | draw.sample.positions
+        out = masked_lm(encoder, batch, one_hot, masked, weight)
+        bridge.watch(out.loss)
+        encoder_backward(out.loss)
+        objective = bridge.noiser_objective(self.reversal_scale)
+        noiser_backward(objective - self.entropy_bonus(draw))
+        return out, draw
