@@ -41,28 +41,22 @@ from tqdm import tqdm  # noqa: E402
 from advpt.config import ConfigError, _parse_bool  # noqa: E402
 from advpt.data.batching import LengthBucketedBatches  # noqa: E402
 from advpt.data.readers import DataError  # noqa: E402
-from advpt.data.tape_tasks import (  # noqa: E402
+from advpt.data.tape_tasks import TaskSplit, collate, read_split  # noqa: E402
+from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, ProteinEncoder  # noqa: E402
+from advpt.models.heads import POOLINGS, HeadConfig, TaskModel  # noqa: E402
+from advpt.models.pretrained import CheckpointError, load_encoder, save_task_model  # noqa: E402
+from advpt.tasks import (  # noqa: E402
+    IGNORE_LABEL,
+    PER_RESIDUE,
+    REGRESSION,
     SS_LABELS,
     TASKS,
     TRAIN,
     VALID,
     TaskSpec,
-    TaskSplit,
-    collate,
-    read_split,
     score,
     task_spec,
 )
-from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, ProteinEncoder  # noqa: E402
-from advpt.models.heads import (  # noqa: E402
-    IGNORE_LABEL,
-    PER_RESIDUE,
-    POOLINGS,
-    REGRESSION,
-    HeadConfig,
-    TaskModel,
-)
-from advpt.models.pretrained import CheckpointError, load_encoder, save_task_model  # noqa: E402
 from advpt.train import init_distributed  # noqa: E402
 from advpt.training.engines import build_engine, current_lr, load_ds_config  # noqa: E402
 from advpt.training.monitor import MetricsWriter  # noqa: E402

@@ -30,7 +30,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a source checkout without installing advpt
 
-from advpt.data.tape_tasks import TASKS  # noqa: E402
+from advpt.tasks import TASKS  # noqa: E402
 
 TASK_TITLES = {
     "secondary_structure": "Secondary structure",

@@ -21,18 +21,20 @@ import torch
 
 from advpt.data.batching import LengthBucketedBatches
 from advpt.data.readers import DataError
-from advpt.data.tape_tasks import TASKS, TaskSplit, collate, read_split, spearman, task_spec
+from advpt.data.tape_tasks import TaskSplit, collate, read_split
 from advpt.finetune import evaluate, parse_args, run_finetune
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
-from advpt.models.heads import (
+from advpt.models.heads import HeadConfig, TaskModel
+from advpt.models.pretrained import load_task_model
+from advpt.tasks import (
     IGNORE_LABEL,
     PER_RESIDUE,
     PER_SEQUENCE,
     REGRESSION,
-    HeadConfig,
-    TaskModel,
+    TASKS,
+    spearman,
+    task_spec,
 )
-from advpt.models.pretrained import load_task_model
 from tests.helpers import REPO, child_env, pretrain_tiny, read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
