@@ -32,7 +32,6 @@ from advpt.tasks import (
     PER_SEQUENCE,
     REGRESSION,
     TASKS,
-    spearman,
     task_spec,
 )
 from tests.helpers import REPO, child_env, pretrain_tiny, read_metrics
@@ -219,15 +218,6 @@ def test_secondary_structure_options_and_bad_records(tmp_path):
     path.write_text(json.dumps(records))
     with pytest.raises(DataError, match=r"'fold_label' must be an integer class in \[0, 1195\)"):
         read_split(homology, task_spec("remote_homology"), "train", 1024)
-
-
-def test_spearman_uses_average_ranks_for_ties():
-    assert spearman(np.arange(5.0), np.arange(5.0) ** 3) == pytest.approx(1.0)
-    assert spearman(np.arange(5.0), -np.arange(5.0)) == pytest.approx(-1.0)
-    # ranks [1, 2.5, 2.5, 4] against [1, 2, 3, 4]: 4.5 / sqrt(4.5 * 5)
-    assert spearman(np.array([1.0, 2, 2, 3]), np.array([10.0, 20, 30, 40])) == pytest.approx(
-        3 / math.sqrt(10)
-    )
 
 
 # ----------------------------------------------------------------------------- fine-tuning
