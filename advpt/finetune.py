@@ -38,26 +38,21 @@ from tqdm import tqdm  # noqa: E402
 
 from advpt.config import FinetuneConfig, parse_finetune_config  # noqa: E402
 from advpt.data.batching import LengthBucketedBatches  # noqa: E402
-from advpt.data.tape_tasks import (  # noqa: E402
-    TRAIN,
-    VALID,
-    TaskSpec,
-    TaskSplit,
-    collate,
-    read_split,
-    score,
-    task_spec,
-)
+from advpt.data.tape_tasks import TaskSplit, collate, read_split  # noqa: E402
 from advpt.errors import CheckpointError, ConfigError, DataError  # noqa: E402
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, ProteinEncoder  # noqa: E402
-from advpt.models.heads import (  # noqa: E402
+from advpt.models.heads import HeadConfig, TaskModel  # noqa: E402
+from advpt.models.pretrained import save_task_model  # noqa: E402
+from advpt.tasks import (  # noqa: E402
     IGNORE_LABEL,
     PER_RESIDUE,
     REGRESSION,
-    HeadConfig,
-    TaskModel,
+    TRAIN,
+    VALID,
+    TaskSpec,
+    score,
+    task_spec,
 )
-from advpt.models.pretrained import save_task_model  # noqa: E402
 from advpt.training.build import init_distributed  # noqa: E402
 from advpt.training.consolidate import load_encoder  # noqa: E402
 from advpt.training.engines import build_engine, current_lr, load_ds_config  # noqa: E402

@@ -29,7 +29,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
-from advpt.data.tape_tasks import TASKS  # noqa: E402
+from advpt.tasks import TASKS  # noqa: E402
 
 TASK_TITLES = {
     "secondary_structure": "Secondary structure",

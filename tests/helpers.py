@@ -65,6 +65,21 @@ def build_tiny_trainer(tmp_path: Path, *extra_args: str, run_dir: Path | None = 
     return trainer
 
 
+def build_with_noiser_json(tmp_path, noiser_settings: dict, *flags: str, **ds):
+    """A tiny trainer whose noiser DeepSpeed JSON gets ``noiser_settings`` on top."""
+    import torch
+
+    from advpt.config import parse_config
+    from advpt.training.build import build_trainer
+
+    args = tiny_run_args(tmp_path, tmp_path / "run", **ds)
+    noiser_json = tmp_path / "noiser.json"
+    noiser_json.write_text(json.dumps({**json.loads(noiser_json.read_text()), **noiser_settings}))
+    torch.manual_seed(0)
+    config = parse_config([*args, "--num_workers", "0", *flags])
+    return build_trainer(config, torch.device("cpu"))
+
+
 def pretrain_tiny(tmp_path: Path, run_dir: Path, **ds_extra):
     """A real two-step pre-training run (random MLM, tiny encoder) in this process; its trainer
     still holds the live engine. ``ds_extra`` goes into the DeepSpeed JSON (e.g. ZeRO, bf16)."""

@@ -22,6 +22,7 @@ from advpt.config import (
 from advpt.errors import ConfigError
 from advpt.models import ENCODER_PRESETS, NOISER_PRESETS, TRANSFORMER_NOISER_PRESETS
 from advpt.models.heads import POOLINGS, HeadConfig
+from advpt.tasks import SS_LABELS, TASKS
 
 
 @pytest.mark.parametrize(
@@ -86,8 +87,8 @@ def test_choices_are_those_of_the_modules_that_implement_them():
     assert typing.get_args(NoiserPreset) == tuple(NOISER_PRESETS)
     assert set(TRANSFORMER_NOISER_PRESETS) <= set(NOISER_PRESETS)
     assert typing.get_args(Pooling) == POOLINGS
-    assert typing.get_args(SecondaryStructureLabels) == ("ss3", "ss8")
-    assert len(typing.get_args(Task)) == 4
+    assert typing.get_args(SecondaryStructureLabels) == tuple(SS_LABELS)
+    assert typing.get_args(Task) == tuple(TASKS)
     finetune = FinetuneConfig()
     head = HeadConfig()
     assert (finetune.head_hidden_size, finetune.head_dropout, finetune.pooling) == (

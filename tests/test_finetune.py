@@ -21,19 +21,20 @@ import torch
 
 from advpt.config import parse_finetune_config
 from advpt.data.batching import LengthBucketedBatches
-from advpt.data.tape_tasks import TASKS, TaskSplit, collate, read_split, spearman, task_spec
+from advpt.data.tape_tasks import TaskSplit, collate, read_split
 from advpt.errors import DataError
 from advpt.finetune import evaluate, run_finetune
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
-from advpt.models.heads import (
+from advpt.models.heads import HeadConfig, TaskModel
+from advpt.models.pretrained import load_task_model
+from advpt.tasks import (
     IGNORE_LABEL,
     PER_RESIDUE,
     PER_SEQUENCE,
     REGRESSION,
-    HeadConfig,
-    TaskModel,
+    TASKS,
+    task_spec,
 )
-from advpt.models.pretrained import load_task_model
 from tests.helpers import REPO, child_env, pretrain_tiny, read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -218,15 +219,6 @@ def test_secondary_structure_options_and_bad_records(tmp_path):
     path.write_text(json.dumps(records))
     with pytest.raises(DataError, match=r"'fold_label' must be an integer class in \[0, 1195\)"):
         read_split(homology, task_spec("remote_homology"), "train", 1024)
-
-
-def test_spearman_uses_average_ranks_for_ties():
-    assert spearman(np.arange(5.0), np.arange(5.0) ** 3) == pytest.approx(1.0)
-    assert spearman(np.arange(5.0), -np.arange(5.0)) == pytest.approx(-1.0)
-    # ranks [1, 2.5, 2.5, 4] against [1, 2, 3, 4]: 4.5 / sqrt(4.5 * 5)
-    assert spearman(np.array([1.0, 2, 2, 3]), np.array([10.0, 20, 30, 40])) == pytest.approx(
-        3 / math.sqrt(10)
-    )
 
 
 # ----------------------------------------------------------------------------- fine-tuning

@@ -43,19 +43,17 @@ from __future__ import annotations
 import torch
 
 from advpt.masking.adversarial import NUM_OPTIONS, OPTION_KEEP, OPTION_MASK
+from advpt.masking.random import KEEP_SHARE, MASK_SHARE
 from advpt.tokenizer import NUM_RESIDUES
 
-# Random masking's corruption shares (advpt.masking.random): [MASK] 80%, keep 10%, and 10%
-# replaced by a residue drawn uniformly from all of them.
-RANDOM_MASK_SHARE, RANDOM_KEEP_SHARE = 0.8, 0.1
 NEWTON_ITERATIONS = 30  # enough for score spreads of std 20 (residual < 1e-12 positions)
 
 
 def uniform_option_probabilities(device: torch.device) -> torch.Tensor:
     """``[2 + A]`` probability of each noiser option under random masking's corruption."""
-    replace = (1.0 - RANDOM_MASK_SHARE - RANDOM_KEEP_SHARE) / NUM_RESIDUES
+    replace = (1.0 - MASK_SHARE - KEEP_SHARE) / NUM_RESIDUES
     q = torch.full((NUM_OPTIONS,), replace, device=device)
-    q[OPTION_MASK], q[OPTION_KEEP] = RANDOM_MASK_SHARE, RANDOM_KEEP_SHARE
+    q[OPTION_MASK], q[OPTION_KEEP] = MASK_SHARE, KEEP_SHARE
     return q
 
 

@@ -6,6 +6,10 @@ import torch
 
 from advpt.tokenizer import FIRST_RESIDUE_ID, MASK_ID, VOCAB_SIZE
 
+# BERT's 80/10/10 corruption of a masked token: MASK_SHARE become <mask>, KEEP_SHARE stay unchanged
+# (still scored), the rest become a residue drawn uniformly from all of them.
+MASK_SHARE, KEEP_SHARE = 0.8, 0.1
+
 
 def random_mask(
     ids: torch.Tensor,
@@ -33,6 +37,7 @@ def random_mask(
     replacement = torch.randint(
         FIRST_RESIDUE_ID, VOCAB_SIZE, ids.shape, generator=generator, device=ids.device
     )
-    inputs = torch.where(masked & (option < 0.8), torch.full_like(ids, MASK_ID), ids)
-    inputs = torch.where(masked & (option >= 0.8) & (option < 0.9), replacement, inputs)
+    inputs = torch.where(masked & (option < MASK_SHARE), torch.full_like(ids, MASK_ID), ids)
+    replaced = masked & (option >= MASK_SHARE) & (option < 1.0 - KEEP_SHARE)
+    inputs = torch.where(replaced, replacement, inputs)
     return inputs, masked

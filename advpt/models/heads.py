@@ -24,14 +24,9 @@ import torch.nn.functional as F
 from torch.nn.utils import parametrize
 
 from advpt.models.encoder import ProteinEncoder
+from advpt.tasks import IGNORE_LABEL, KINDS, PER_RESIDUE, PER_SEQUENCE, REGRESSION
 
-# What a task predicts, which decides the head and the loss.
-PER_RESIDUE = "per_residue"  # a class per residue (secondary structure)
-PER_SEQUENCE = "per_sequence"  # a class per protein (remote homology)
-REGRESSION = "regression"  # a value per protein (fluorescence, stability)
-KINDS = (PER_RESIDUE, PER_SEQUENCE, REGRESSION)
 POOLINGS = ("mean", "cls")
-IGNORE_LABEL = -1  # per-residue label of <cls>, <sep>, padding (TAPE's ignore_index)
 
 
 @dataclass

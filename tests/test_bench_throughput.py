@@ -1,0 +1,52 @@
+"""The throughput benchmark (scripts/bench_throughput.py) at its tiny preset, in a fresh process."""
+
+import json
+import subprocess
+import sys
+
+from tests.helpers import REPO, child_env
+
+
+def test_throughput_benchmark_tiny_preset_reports_every_field(tmp_path):
+    out = tmp_path / "bench.json"
+    command = [
+        sys.executable, "scripts/bench_throughput.py", "--preset", "tiny", "--steps", "2",
+        "--warmup", "1", "--checkpointing", "0", "--max_length", "64", "--json", str(out),
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["matmul_peak_tflops"] > 0
+    rows = {row["mode"]: row for row in report["rows"]}
+    assert set(rows) == {"random", "alternating"}
+    for row in rows.values():
+        for field in (
+            "mode", "precision", "checkpointing", "micro_batch", "samples_per_s", "tokens_per_s",
+            "encoder_tflops", "mfu", "peak_mem_gb", "padding_fraction",
+        ):  # fmt: skip
+            assert row[field] is not None, field
+        assert row["tokens_per_s"] > 0 and 0 < row["mfu"] < 1
+    assert rows["random"]["cost_vs_random"] == 1.0
+    assert rows["alternating"]["cost_vs_random"] > 1.0
+    assert "cost_vs_random" in result.stdout
+
+
+def test_throughput_benchmark_reports_simultaneous_beside_alternating(tmp_path):
+    out = tmp_path / "bench.json"
+    command = [
+        sys.executable, "scripts/bench_throughput.py", "--preset", "tiny", "--steps", "2",
+        "--warmup", "1", "--checkpointing", "0", "--max_length", "64", "--json", str(out),
+        "--modes", "random", "alternating", "simultaneous",
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {row["mode"]: row for row in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"random", "alternating", "simultaneous"}
+    assert rows["random"]["cost_vs_random"] == 1.0
+    for mode in ("alternating", "simultaneous"):
+        assert rows[mode]["cost_vs_random"] > 1.0
+        assert rows[mode]["tokens_per_s"] > 0

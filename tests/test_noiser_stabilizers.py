@@ -1,0 +1,60 @@
+"""The noiser's stabilizers: entropy bonus, collapse alarm, its own warmup, LR and clipping.
+
+Beyond the paper. Real DeepSpeed engines on the CPU, as in test_training.py.
+"""
+
+import logging
+
+import pytest
+import torch
+
+from advpt.masking.adversarial import position_entropy
+from advpt.training.schedule import noiser_lr_steps
+from tests.helpers import build_tiny_trainer, build_with_noiser_json, read_metrics
+
+
+def test_entropy_bonus_adds_the_entropy_gradient_to_the_noiser_step(tmp_path, distributed):
+    bonus = 0.7
+    trainer = build_tiny_trainer(tmp_path, "--noiser_entropy_bonus", str(bonus))
+    noiser = trainer.noiser.module
+    batch = trainer.stream[0]
+
+    def noiser_grads(entropy_bonus: float) -> dict[str, torch.Tensor]:
+        trainer.config.masking.noiser_entropy_bonus = entropy_bonus
+        trainer.noiser.optimizer.zero_grad()
+        torch.manual_seed(0)
+        trainer.noiser_backward(batch)
+        return {n: p.grad.clone() for n, p in noiser.named_parameters()}
+
+    with_bonus, without = noiser_grads(bonus), noiser_grads(0.0)
+    entropy = position_entropy(noiser(batch.ids, batch.lengths), batch.eligible).mean()
+    entropy_grads = torch.autograd.grad(entropy, list(noiser.parameters()))
+    # the noiser minimises -(loss + bonus x entropy)
+    for (name, grad), entropy_grad in zip(with_bonus.items(), entropy_grads, strict=True):
+        torch.testing.assert_close(grad, without[name] - bonus * entropy_grad, msg=name)
+
+
+def test_collapse_alarm_logs_and_warns(tmp_path, distributed, caplog):
+    trainer = build_tiny_trainer(
+        tmp_path, "--collapse_entropy_threshold", "1.0", "--max_steps", "1", "--log_every", "1",
+        "--noiser_steps", "1", "--encoder_steps", "1",
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="advpt.training.monitor"):
+        trainer.train()
+    records = [r for r in read_metrics(tmp_path / "run") if "mask_entropy" in r]
+    assert records and all(r["mask_collapse"] == 1 for r in records)
+    assert "below collapse_entropy_threshold 1.000" in caplog.text
+
+
+def test_noiser_has_its_own_warmup_learning_rate_and_clipping(tmp_path, distributed):
+    assert noiser_lr_steps(100, 10, 10, 10, -1, simultaneous=False) == (10, 100)
+    assert noiser_lr_steps(100, 10, 5, 10, -1, simultaneous=False) == (5, 50)
+    assert noiser_lr_steps(100, 10, 5, 10, 3, simultaneous=False) == (3, 50)
+    assert noiser_lr_steps(100, 10, 5, 10, -1, simultaneous=True) == (10, 100)
+    # the noiser's learning rate and clipping live in its own DeepSpeed JSON
+    trainer = build_with_noiser_json(
+        tmp_path, {"gradient_clipping": 0.5}, "--noiser_warmup_steps", "4"
+    )
+    assert trainer.noiser.get_lr()[0] == pytest.approx(1e-2 / 4)  # lr 1e-2, warmup 4
+    assert trainer.encoder.get_lr()[0] == pytest.approx(1e-3 / 2)  # lr 1e-3, warmup 2
+    assert (trainer.noiser.gradient_clipping(), trainer.encoder.gradient_clipping()) == (0.5, 1.0)
