@@ -16,7 +16,6 @@ from torch.utils.data import DataLoader
 from advpt.data import (
     BUNDLED_PROTEOME,
     CroppedView,
-    DataError,
     LengthBucketedBatches,
     ProteinDataset,
     Record,
@@ -28,6 +27,7 @@ from advpt.data import (
     resolve_data_path,
     train_val_split,
 )
+from advpt.errors import DataError
 from advpt.tokenizer import CLS_ID, SEP_ID, UNK_ID, decode, encode
 
 # Multi-line records, lower case, a trailing stop '*', CRLF endings, stray whitespace, blank line.
