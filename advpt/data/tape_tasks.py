@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from advpt.data.readers import DataError, TapeLMDB, read_tape_json
+from advpt.data.readers import TapeLMDB, read_tape_json
+from advpt.errors import DataError
 from advpt.tasks import IGNORE_LABEL, PER_RESIDUE, PER_SEQUENCE, TaskSpec
 from advpt.tokenizer import PAD_ID, TokenizationError, encode
 
