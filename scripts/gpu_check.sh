@@ -244,7 +244,7 @@ if [ "$STAGE" = stage1 ]; then
         --json "$RAW/sampler.json"
 else
     step throughput_cost 180 "$PYTHON" scripts/bench_throughput.py "${BENCH[@]}" \
-        --modes random adversarial simultaneous --checkpointing 0 --micro_batches "$MICRO" \
+        --modes random alternating simultaneous --checkpointing 0 --micro_batches "$MICRO" \
         --zero 2 --steps 20 --warmup 10 --json "$RAW/throughput_cost.json"
     step throughput_mfu 180 "$PYTHON" scripts/bench_throughput.py "${BENCH[@]}" \
         --modes random --checkpointing 0 1 --micro_batches "${MICROS[@]}" --zero 0 2 \

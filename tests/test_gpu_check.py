@@ -2,12 +2,11 @@
 
 The GPU stages themselves need a CUDA machine; here: the argument handling, the loud refusal to
 start without the wheels, one step of the CPU rehearsal through to the JSON and Markdown table,
-and the micro-batch search of the throughput benchmark.
+the report.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 
@@ -90,23 +89,3 @@ def test_cpu_rehearsal_step_lands_in_the_json_and_the_table(tmp_path):
     assert "not GPU figures" in table
     assert table.count("\n| ") == len(figures) + 2  # the header, its rule, a row per figure
     assert (out / "stage2.log").read_text().count("=== [global_batch]") == 2
-
-
-def test_micro_batch_search_doubles_then_bisects():
-    spec = importlib.util.spec_from_file_location("bench", REPO / "scripts/bench_throughput.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    tried = []
-
-    def probe(limit: int):
-        def fits(size: int) -> float | None:
-            tried.append(size)
-            return float(size) if size <= limit else None
-
-        return fits
-
-    assert bench.largest_fitting(probe(100), 8, 4096) == (100, False, 100.0)
-    assert tried == [8, 16, 32, 64, 128, 96, 112, 104, 100]
-    assert bench.largest_fitting(probe(10**6), 8, 100) == (64, True, 64.0)
-    assert bench.largest_fitting(probe(3), 8, 100) == (3, False, 3.0)
-    assert bench.largest_fitting(probe(0), 8, 100) == (0, False, None)
