@@ -18,19 +18,21 @@
 #                 table is the one docs/benchmarks.md takes)
 #   --wheels DIR  where the wheels are (default wheels/)
 #   --no-install  use the environment as it is (advpt's dependencies already installed)
+#   --install     install from the wheels with --cpu too
 #   --only STEPS  run only these steps of the stage (comma-separated; to re-run one that failed):
 #                 stage1: cuda_tests, quickstart_alternating_bf16, quickstart_simultaneous_fp16,
 #                 quickstart_importance_bf16, sampler_bench; stage2: throughput_cost,
 #                 throughput_mfu, max_micro_batch, global_batch
-#   --cpu         a rehearsal on the CPU with tiny sizes and no install: it runs every step of
-#                 the stage the way the GPU run does, but its numbers are no GPU figures
+#   --cpu         a rehearsal on the CPU with tiny sizes (and, unless --install, no install): it
+#                 runs every step of the stage the way the GPU run does, but its numbers are no
+#                 GPU figures
 #
 # Each step runs under a time limit, and the stage under a deadline (STAGE_SECONDS, default 570)
 # so that it ends within ten minutes; a step that fails or runs out of time is recorded and the
 # next one still runs. The exit status is 1 if any step did not succeed, 2 for a usage error or a
-# missing wheel. Build caches (installed packages, run directories, and JIT-compiled ops unless
-# TORCH_EXTENSIONS_DIR says otherwise) go to GPU_CHECK_CACHE (default runs/gpu_check_cache), so a
-# second stage on the same machine reuses the first one's builds.
+# missing wheel. Build caches (installed packages, run directories and, on a GPU, JIT-compiled ops
+# unless TORCH_EXTENSIONS_DIR says otherwise) go to GPU_CHECK_CACHE (default
+# runs/gpu_check_cache), so a second stage on the same machine reuses the first one's builds.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 REPO="$PWD"
@@ -48,7 +50,7 @@ STAGE="${1:-}"
 [ $# -gt 0 ] && shift
 OUT=runs/gpu_check
 WHEELS=wheels
-INSTALL=1
+INSTALL=""
 CPU=0
 ONLY=""
 STEPS_OF_stage1="cuda_tests quickstart_alternating_bf16 quickstart_simultaneous_fp16"
@@ -60,7 +62,8 @@ while [ $# -gt 0 ]; do
         --wheels) [ $# -ge 2 ] || die "--wheels needs a directory"; WHEELS="$2"; shift 2 ;;
         --only) [ $# -ge 2 ] || die "--only needs step names"; ONLY="${2//,/ }"; shift 2 ;;
         --no-install) INSTALL=0; shift ;;
-        --cpu) CPU=1; INSTALL=0; shift ;;
+        --install) INSTALL=1; shift ;;
+        --cpu) CPU=1; shift ;;
         -h | --help) usage; exit 0 ;;
         *) die "unknown option '$1' (see bash scripts/gpu_check.sh --help)" ;;
     esac
@@ -79,6 +82,7 @@ if [ -n "$ONLY" ]; then
     done
 fi
 
+INSTALL="${INSTALL:-$((1 - CPU))}" # a GPU run installs, a rehearsal uses what is there
 PYTHON="${PYTHON:-python3}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
@@ -98,11 +102,15 @@ LOG="$OUT/$STAGE.log"
 exec > >(tee -a "$LOG") 2> >(tee -a "$LOG" >&2)
 DEADLINE=$((SECONDS + ${STAGE_SECONDS:-570}))
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$CACHE/torch_extensions}"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export GPU_CHECK_CPU="$CPU"
-if [ "$CPU" = 1 ]; then
+if [ "$CPU" = 1 ]; then # CPU ops build where every other CPU run finds them
     export DS_ACCELERATOR=cpu OMP_NUM_THREADS=1
+elif [ -z "${TORCH_EXTENSIONS_DIR:-}" ]; then
+    export TORCH_EXTENSIONS_DIR="$CACHE/torch_extensions"
+    # A build stopped by a step's time limit leaves its lock, and the next build of that op
+    # would wait on it for ever; only gpu_check builds here, one step at a time.
+    find "$TORCH_EXTENSIONS_DIR" -name lock -type f -delete 2>/dev/null
 fi
 
 # ------------------------------------------------------------------------------ install
@@ -120,9 +128,18 @@ install_wheels() {
             "PyPI with 'bash scripts/gpu_wheels.sh $WHEELS' and copy $WHEELS to this machine" \
             "(or pass --no-install where advpt's dependencies are installed)."
     fi
-    echo "=== [install] ${#chosen[@]} wheels from $WHEELS into $CACHE/site"
-    "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$CACHE/site" "${chosen[@]}" || die "pip could not install the wheels of $WHEELS"
+    # Installed once per machine: a reinstall would give DeepSpeed's op sources new times, and
+    # ninja would compile its JIT ops (FusedAdam) again.
+    local stamp="$CACHE/site/.gpu_check_wheels"
+    if [ "$(cat "$stamp" 2>/dev/null)" = "$(basename -a "${chosen[@]}")" ]; then
+        echo "=== [install] the wheels of $WHEELS are installed in $CACHE/site"
+    else
+        echo "=== [install] ${#chosen[@]} wheels from $WHEELS into $CACHE/site"
+        rm -rf "$CACHE/site"
+        "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir \
+            --target "$CACHE/site" "${chosen[@]}" || die "pip could not install the wheels of $WHEELS"
+        basename -a "${chosen[@]}" >"$stamp"
+    fi
     export PYTHONPATH="$PYTHONPATH:$CACHE/site"
     export PATH="$CACHE/site/bin:$PATH"
     "$PYTHON" -c "import deepspeed, hjson, lmdb, pydantic, pyhmmer" \
