@@ -220,10 +220,29 @@ def measure(args, mode: str, cell: dict, work: Path, device: torch.device) -> di
     }
 
 
-def timing_grid(args, peak: float, device: torch.device, tmp: Path) -> list[dict]:
+class Results:
+    """The rows so far: each printed as it comes, and all of them written to ``path`` (if any)
+    after each one, so that a run stopped early (out of time) keeps what it measured."""
+
+    def __init__(self, path: Path | None, header: dict, fields: tuple[str, ...]):
+        self.path, self.header, self.fields = path, header, fields
+        self.rows: list[dict] = []
+        print(" | ".join(f"{f:>14}" for f in fields))
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        cells = []
+        for f in self.fields:
+            v = row.get(f, "oom" if row.get("oom") and f not in row else None)
+            cells.append(f"{v:>14.4g}" if isinstance(v, float) else f"{v!s:>14}")
+        print(" | ".join(cells), flush=True)
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps({**self.header, "rows": self.rows}, indent=2) + "\n")
+
+
+def timing_grid(args, peak: float, device: torch.device, tmp: Path, results: Results) -> None:
     """Every combination, random MLM first in each so the others' ``cost_vs_random`` exists."""
-    rows = []
-    print(" | ".join(f"{f:>14}" for f in FIELDS))
     for cell in cells(args):
         random_ms = None
         for mode in sorted(args.modes, key=lambda m: m != "random"):
@@ -241,9 +260,7 @@ def timing_grid(args, peak: float, device: torch.device, tmp: Path) -> list[dict
                 row["cost_vs_random"] = (
                     row["ms_per_encoder_update"] / random_ms if random_ms else None
                 )
-            rows.append(row)
-            print_row(row, FIELDS)
-    return rows
+            results.add(row)
 
 
 def cells(args) -> list[dict]:
@@ -316,10 +333,8 @@ def largest_fitting(probe, start: int, cap: int) -> tuple[int, bool, float | Non
     return good, bad is None, peak
 
 
-def find_max_micro_batch(args, device: torch.device, tmp: Path) -> list[dict]:
+def find_max_micro_batch(args, device: torch.device, tmp: Path, results: Results) -> None:
     """The largest micro-batch that fits, per checkpointing value."""
-    rows = []
-    print(" | ".join(f"{f:>14}" for f in SEARCH_FIELDS))
     for checkpointing in args.checkpointing:
         cell = dict(precision=args.precisions[0], checkpointing=checkpointing, zero=args.zero[0])
 
@@ -328,10 +343,7 @@ def find_max_micro_batch(args, device: torch.device, tmp: Path) -> list[dict]:
             return fits(args, sized, tmp / f"search-{cell['checkpointing']}-{micro}", device)
 
         good, capped, peak = largest_fitting(probe, args.micro_batches[0], args.max_micro_batch)
-        row = {**cell, "max_micro_batch": good, "capped": capped, "peak_mem_gb": peak}
-        rows.append(row)
-        print_row(row, SEARCH_FIELDS)
-    return rows
+        results.add({**cell, "max_micro_batch": good, "capped": capped, "peak_mem_gb": peak})
 
 
 def main() -> None:
@@ -370,28 +382,17 @@ def main() -> None:
     peak = matmul_peak_tflops(device)
     name = torch.cuda.get_device_name(device) if cuda else "CPU"
     print(f"device: {name}; measured matmul peak: {peak:.3f} TFLOP/s")
+    header = {
+        "device": name, "torch": torch.__version__, "matmul_peak_tflops": peak,
+        "flops_formula": FLOPS_FORMULA, "preset": args.preset, "noiser": args.noiser,
+        "max_length": args.max_length, "command": " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%d"),
+    }  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         if args.find_max_micro_batch:
-            rows = find_max_micro_batch(args, device, Path(tmp))
+            find_max_micro_batch(args, device, Path(tmp), Results(args.json, header, SEARCH_FIELDS))
         else:
-            rows = timing_grid(args, peak, device, Path(tmp))
-    if args.json:
-        result = {
-            "device": name, "torch": torch.__version__, "matmul_peak_tflops": peak,
-            "flops_formula": FLOPS_FORMULA, "preset": args.preset, "noiser": args.noiser,
-            "max_length": args.max_length, "command": " ".join(sys.argv),
-            "date": time.strftime("%Y-%m-%d"), "rows": rows,
-        }  # fmt: skip
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-
-
-def print_row(row: dict, fields: tuple[str, ...]) -> None:
-    cells = []
-    for f in fields:
-        v = row.get(f, "oom" if row.get("oom") and f not in row else None)
-        cells.append(f"{v:>14.4g}" if isinstance(v, float) else f"{v!s:>14}")
-    print(" | ".join(cells), flush=True)
+            timing_grid(args, peak, device, Path(tmp), Results(args.json, header, FIELDS))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@
 #   --only STEPS  run only these steps of the stage (comma-separated; to re-run one that failed):
 #                 stage1: cuda_tests, quickstart_alternating_bf16, quickstart_simultaneous_fp16,
 #                 quickstart_importance_bf16, sampler_bench; stage2: throughput_cost,
-#                 throughput_mfu, max_micro_batch, global_batch
+#                 throughput_mfu, global_batch, max_micro_batch
 #   --cpu         a rehearsal on the CPU with tiny sizes (and, unless --install, no install): it
 #                 runs every step of the stage the way the GPU run does, but its numbers are no
 #                 GPU figures
@@ -55,7 +55,7 @@ CPU=0
 ONLY=""
 STEPS_OF_stage1="cuda_tests quickstart_alternating_bf16 quickstart_simultaneous_fp16"
 STEPS_OF_stage1+=" quickstart_importance_bf16 sampler_bench"
-STEPS_OF_stage2="throughput_cost throughput_mfu max_micro_batch global_batch"
+STEPS_OF_stage2="throughput_cost throughput_mfu global_batch max_micro_batch"
 while [ $# -gt 0 ]; do
     case "$1" in
         --out) [ $# -ge 2 ] || die "--out needs a directory"; OUT="$2"; shift 2 ;;
@@ -260,18 +260,18 @@ if [ "$STAGE" = stage1 ]; then
     step sampler_bench 180 "$PYTHON" scripts/bench_sampler.py "${SAMPLER[@]}" \
         --json "$RAW/sampler.json"
 else
-    step throughput_cost 180 "$PYTHON" scripts/bench_throughput.py "${BENCH[@]}" \
+    step throughput_cost 150 "$PYTHON" scripts/bench_throughput.py "${BENCH[@]}" \
         --modes random alternating simultaneous --checkpointing 0 --micro_batches "$MICRO" \
         --zero 2 --steps 20 --warmup 10 --json "$RAW/throughput_cost.json"
     step throughput_mfu 180 "$PYTHON" scripts/bench_throughput.py "${BENCH[@]}" \
         --modes random --checkpointing 0 1 --micro_batches "${MICROS[@]}" --zero 0 2 \
         --steps 10 --warmup 5 --json "$RAW/throughput_mfu.json"
-    step max_micro_batch 150 "$PYTHON" scripts/bench_throughput.py "${BENCH[@]}" \
-        --find_max_micro_batch --checkpointing 0 1 --micro_batches "$((MICRO * 2))" \
-        "${CAP[@]}" --zero 2 --json "$RAW/max_micro_batch.json"
-    step global_batch 120 "$PYTHON" scripts/bench_throughput.py "${BENCH[@]}" \
+    step global_batch 90 "$PYTHON" scripts/bench_throughput.py "${BENCH[@]}" \
         --modes random --checkpointing 0 --micro_batches "$((MICRO * 2))" \
         --global_batch "$GLOBAL" --zero 2 --steps 2 --warmup 1 --json "$RAW/global_batch.json"
+    step max_micro_batch 200 "$PYTHON" scripts/bench_throughput.py "${BENCH[@]}" \
+        --find_max_micro_batch --checkpointing 0 1 --micro_batches "$((MICRO * 2))" \
+        "${CAP[@]}" --zero 2 --json "$RAW/max_micro_batch.json"
 fi
 
 # With --only, the steps run now replace those of the stage's earlier results, the rest stay.

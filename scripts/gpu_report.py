@@ -118,13 +118,16 @@ class Figure:
             return {**row, "value": f"not measured: {self.stage} has not run", "command": ""}
         step = result["steps"].get(self.step)
         row["command"] = _command(self.stage, step or {"name": self.step})
-        if step is None or step["status"] != "ok":
-            status = "not run" if step is None else f"{step['status']} (rc {step['rc']})"
-            return {**row, "value": f"not measured: step {self.step} {status}"}
+        if step is None:
+            return {**row, "value": f"not measured: step {self.step} not run"}
         try:
             value, meets = self.measure(result)
         except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as error:
-            return {**row, "value": f"not measured: no result ({type(error).__name__}: {error})"}
+            failed = "" if step["status"] == "ok" else f"step {step['status']} (rc {step['rc']}), "
+            reason = f"{failed}no result ({type(error).__name__}: {error})"
+            return {**row, "value": f"not measured: {reason}"}
+        if step["status"] != "ok":  # what a step stopped early had measured by then
+            value, meets = f"{value} (partial: the step {step['status']})", None
         if result["rehearsal"]:  # tiny sizes on a CPU: the goals do not apply
             meets = None
         return {**row, "value": value, "meets_goal": meets}

@@ -87,3 +87,10 @@ def test_cpu_rehearsal_step_lands_in_the_json_and_the_table(tmp_path):
     assert "not GPU figures" in table
     assert table.count("\n| ") == len(figures) + 2  # the header, its rule, a row per figure
     assert (out / "stage2.log").read_text().count("=== [global_batch]") == 2
+
+    stage["steps"]["global_batch"]["status"] = "timeout"  # as if stopped after its first row
+    (out / "stage2.json").write_text(json.dumps(stage))
+    assert gpu_check("report", "--out", str(out)).returncode == 0
+    figures = {f["figure"]: f for f in json.loads((out / "gpu_check.json").read_text())["figures"]}
+    partial = figures["throughput at a 4,096-sequence global batch"]["value"]
+    assert partial.startswith(measured["value"]) and partial.endswith("(partial: the step timeout)")
