@@ -13,10 +13,11 @@
 #   bash scripts/gpu_check.sh report   gpu_check.json and gpu_check.md from the stages' files
 #
 # Options:
-#   --out DIR     results (default runs/gpu_check): STAGE.json (everything a stage measured),
-#                 STAGE.log, and gpu_check.json + gpu_check.md (all stages found in DIR; the
-#                 table is the one docs/benchmarks.md takes)
-#   --wheels DIR  where the wheels are (default wheels/)
+#   --out DIR     results (default runs/gpu_check in the checkout): STAGE.json (everything a
+#                 stage measured), STAGE.log, and gpu_check.json + gpu_check.md (all stages
+#                 found in DIR; the table is the one docs/benchmarks.md takes)
+#   --wheels DIR  where the wheels are (default wheels/ in the checkout); a relative DIR, here
+#                 and for --out, is taken from the current directory
 #   --no-install  use the environment as it is (advpt's dependencies already installed)
 #   --install     install from the wheels with --cpu too
 #   --only STEPS  run only these steps of the stage (comma-separated; to re-run one that failed):
@@ -34,6 +35,7 @@
 # unless TORCH_EXTENSIONS_DIR says otherwise) go to GPU_CHECK_CACHE (default
 # runs/gpu_check_cache), so a second stage on the same machine reuses the first one's builds.
 set -uo pipefail
+CALLER="$PWD"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 REPO="$PWD"
 
@@ -44,6 +46,10 @@ usage() {
 die() {
     echo "gpu_check: error: $*" >&2
     exit 2
+}
+
+from_caller() { # a path given on the command line, relative to where the command was run
+    case "$1" in /*) echo "$1" ;; *) echo "$CALLER/$1" ;; esac
 }
 
 STAGE="${1:-}"
@@ -58,8 +64,9 @@ STEPS_OF_stage1+=" quickstart_importance_bf16 sampler_bench"
 STEPS_OF_stage2="throughput_cost throughput_mfu global_batch max_micro_batch"
 while [ $# -gt 0 ]; do
     case "$1" in
-        --out) [ $# -ge 2 ] || die "--out needs a directory"; OUT="$2"; shift 2 ;;
-        --wheels) [ $# -ge 2 ] || die "--wheels needs a directory"; WHEELS="$2"; shift 2 ;;
+        --out) [ $# -ge 2 ] || die "--out needs a directory"; OUT="$(from_caller "$2")"; shift 2 ;;
+        --wheels) [ $# -ge 2 ] || die "--wheels needs a directory"; WHEELS="$(from_caller "$2")"
+            shift 2 ;;
         --only) [ $# -ge 2 ] || die "--only needs step names"; ONLY="${2//,/ }"; shift 2 ;;
         --no-install) INSTALL=0; shift ;;
         --install) INSTALL=1; shift ;;
@@ -82,7 +89,46 @@ if [ -n "$ONLY" ]; then
     done
 fi
 
+# The wheels of scripts/gpu_wheels.txt in $WHEELS, one per pin, into WHEEL_FILES; before
+# anything is written, so that a missing wheel stops the stage with nothing half-done.
+find_wheels() {
+    local pin name version files missing=()
+    WHEEL_FILES=()
+    while read -r pin; do
+        name="${pin%%==*}"
+        version="${pin#*==}"
+        mapfile -t files < <(compgen -G "$WHEELS/${name//-/_}-$version-*.whl")
+        if [ "${#files[@]}" -eq 1 ]; then WHEEL_FILES+=("${files[0]}"); else missing+=("$pin"); fi
+    done < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' -e 's/[[:space:]]//g' scripts/gpu_wheels.txt)
+    if [ "${#missing[@]}" -gt 0 ]; then
+        die "$WHEELS holds no single wheel of ${missing[*]}. Make the wheels where pip reaches" \
+            "PyPI with 'bash scripts/gpu_wheels.sh $WHEELS' and copy $WHEELS to this machine" \
+            "(or pass --no-install where advpt's dependencies are installed)."
+    fi
+}
+
+install_wheels() {
+    # Installed once per machine: a reinstall would give DeepSpeed's op sources new times, and
+    # ninja would compile its JIT ops (FusedAdam) again.
+    local stamp="$CACHE/site/.gpu_check_wheels"
+    if [ "$(cat "$stamp" 2>/dev/null)" = "$(basename -a "${WHEEL_FILES[@]}")" ]; then
+        echo "=== [install] the wheels of $WHEELS are installed in $CACHE/site"
+    else
+        echo "=== [install] ${#WHEEL_FILES[@]} wheels from $WHEELS into $CACHE/site"
+        rm -rf "$CACHE/site"
+        "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir \
+            --target "$CACHE/site" "${WHEEL_FILES[@]}" \
+            || die "pip could not install the wheels of $WHEELS"
+        basename -a "${WHEEL_FILES[@]}" >"$stamp"
+    fi
+    export PYTHONPATH="$PYTHONPATH:$CACHE/site"
+    export PATH="$CACHE/site/bin:$PATH"
+    "$PYTHON" -c "import deepspeed, hjson, lmdb, pydantic, pyhmmer" \
+        || die "the installed wheels do not import (see above)"
+}
+
 INSTALL="${INSTALL:-$((1 - CPU))}" # a GPU run installs, a rehearsal uses what is there
+[ "$INSTALL" = 1 ] && [ "$STAGE" != report ] && find_wheels
 PYTHON="${PYTHON:-python3}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
@@ -114,37 +160,6 @@ elif [ -z "${TORCH_EXTENSIONS_DIR:-}" ]; then
 fi
 
 # ------------------------------------------------------------------------------ install
-
-install_wheels() {
-    local pin name version files missing=() chosen=()
-    while read -r pin; do
-        name="${pin%%==*}"
-        version="${pin#*==}"
-        mapfile -t files < <(compgen -G "$WHEELS/${name//-/_}-$version-*.whl")
-        if [ "${#files[@]}" -eq 1 ]; then chosen+=("${files[0]}"); else missing+=("$pin"); fi
-    done < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' -e 's/[[:space:]]//g' scripts/gpu_wheels.txt)
-    if [ "${#missing[@]}" -gt 0 ]; then
-        die "$WHEELS holds no single wheel of ${missing[*]}. Make the wheels where pip reaches" \
-            "PyPI with 'bash scripts/gpu_wheels.sh $WHEELS' and copy $WHEELS to this machine" \
-            "(or pass --no-install where advpt's dependencies are installed)."
-    fi
-    # Installed once per machine: a reinstall would give DeepSpeed's op sources new times, and
-    # ninja would compile its JIT ops (FusedAdam) again.
-    local stamp="$CACHE/site/.gpu_check_wheels"
-    if [ "$(cat "$stamp" 2>/dev/null)" = "$(basename -a "${chosen[@]}")" ]; then
-        echo "=== [install] the wheels of $WHEELS are installed in $CACHE/site"
-    else
-        echo "=== [install] ${#chosen[@]} wheels from $WHEELS into $CACHE/site"
-        rm -rf "$CACHE/site"
-        "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir \
-            --target "$CACHE/site" "${chosen[@]}" || die "pip could not install the wheels of $WHEELS"
-        basename -a "${chosen[@]}" >"$stamp"
-    fi
-    export PYTHONPATH="$PYTHONPATH:$CACHE/site"
-    export PATH="$CACHE/site/bin:$PATH"
-    "$PYTHON" -c "import deepspeed, hjson, lmdb, pydantic, pyhmmer" \
-        || die "the installed wheels do not import (see above)"
-}
 
 # ------------------------------------------------------------------------------ steps
 
@@ -243,11 +258,12 @@ fi
 [ "$INSTALL" = 1 ] && install_wheels
 export RAW
 environment
-if [ "$CPU" = 0 ]; then # compile the fused sampler and DeepSpeed's FusedAdam once, up front
-    ONLY="${ONLY:+$ONLY build_ops}" step build_ops 240 "$PYTHON" -c "from advpt.kernels import load_subset_sampler
+BUILD_OPS="from advpt.kernels import load_subset_sampler
 assert load_subset_sampler() is not None, 'the fused sampler did not build'
 from deepspeed.ops.op_builder import FusedAdamBuilder
 FusedAdamBuilder().load()"
+if [ "$CPU" = 0 ]; then # compile the fused sampler and FusedAdam once, up front (--only too)
+    ONLY="${ONLY:+$ONLY build_ops}" step build_ops 240 "$PYTHON" -c "$BUILD_OPS"
 fi
 
 if [ "$STAGE" = stage1 ]; then
