@@ -128,13 +128,20 @@ def place(model: torch.nn.Module, device: torch.device, config: str) -> torch.nn
     return model
 
 
-def check_tensors(tree, device: torch.device) -> None:
-    """Every tensor in ``tree`` on ``device`` (and, where there are values, finite)."""
-    for t in tree_leaves(tree):
-        if isinstance(t, torch.Tensor):
-            assert t.device.type == device.type, t.shape
-            if device.type != "meta" and t.is_floating_point():
-                assert torch.isfinite(t).all()
+def check_tensors(tree, device: torch.device) -> int:
+    """Every tensor in ``tree`` (containers, dataclasses) on ``device`` and, where there are
+    values, finite; returns how many there were."""
+    count = 0
+    for leaf in tree_leaves(tree):
+        if dataclasses.is_dataclass(leaf):
+            fields = dataclasses.fields(leaf)
+            count += check_tensors([getattr(leaf, f.name) for f in fields], device)
+        elif isinstance(leaf, torch.Tensor):
+            assert leaf.device.type == device.type, leaf.shape
+            if device.type != "meta" and leaf.is_floating_point():
+                assert torch.isfinite(leaf).all()
+            count += 1
+    return count
 
 
 def collated_batches(config) -> list[Batch]:
@@ -209,7 +216,10 @@ def test_a_micro_step_of_each_phase_stays_on_the_device(device: str, case: str):
                     noiser, encoder, batch, torch.Tensor.backward, torch.Tensor.backward
                 )
             metrics.record(NOISER if phase == NOISER else ENCODER, out, draw, batch)
-        check_tensors((out, draw, metrics.counters), device)
+        # the MLM output's 4 and the counters; a draw adds its sample's 5, the entropy and,
+        # for the importance estimator, the weights
+        expected = 5 if draw is None else 11 + (variant == "importance")
+        assert check_tensors((out, draw, metrics.counters), device) == expected
         assert out.loss.dtype == torch.float32 and out.positions.shape == (batch.num_masked,)
         assert (draw is None) == (variant == "random")
     trained = {NOISER: [noiser], ENCODER: [encoder], JOINT: [noiser, encoder]}[phase]
@@ -262,7 +272,8 @@ def test_a_fine_tuning_step_stays_on_the_device(device: str, kind: str, pooling:
         batch = batch.to(device)
         out = model(batch.tokens, batch.valid, batch.targets)
         out.loss.backward()
-    check_tensors((out, batch, [p.grad for p in model.parameters()]), device)
+    assert check_tensors((out, batch), device) == 5  # loss, outputs, and the batch's 3
+    check_tensors([p.grad for p in model.parameters()], device)
     assert all(p.grad is not None for p in model.parameters())
     if kind == PER_RESIDUE:  # BatchNorm's running statistics stay float32, as DeepSpeed keeps them
         assert model.head.norm.running_mean.dtype == torch.float32
