@@ -4,28 +4,43 @@
     python scripts/bench_throughput.py --preset tiny --modes random alternating simultaneous
     python scripts/bench_throughput.py --preset tape-base --max_length 512 \\
         --precisions bf16 --checkpointing 0 1 --micro_batches 16 32 64 --json bench.json
+    python scripts/bench_throughput.py --preset tape-base --max_length 512 --precisions bf16 \\
+        --find_max_micro_batch --checkpointing 0 1 --json max_batch.json
 
-For every combination it builds the real engines (as ``advpt.train`` does), runs ``--warmup``
-encoder updates, then times ``--steps`` more. A row reports, per second of wall time, the
-sequences and non-padding tokens that went through *encoder updates*, so the noiser steps of an
-adversarial run show up as lost throughput; ``cost_vs_random`` is the time per encoder update
-relative to random MLM with the same precision, checkpointing and micro-batch, measured in the
-same process. Modes (``advpt.config.VARIANTS``): ``random``, ``alternating`` (the paper's schedule),
-``simultaneous`` (one joint pass per step) and ``importance``.
+For every combination of precision, activation checkpointing, micro-batch and encoder ZeRO stage
+it builds the real engines (as ``advpt.train`` does), runs ``--warmup`` encoder updates, then
+times ``--steps`` more. An encoder update is ``--global_batch`` sequences (default: one
+micro-batch), so gradient accumulation is ``global_batch / micro_batch``. A row reports, per
+second of wall time, the sequences and non-padding tokens that went through *encoder updates*, so
+the noiser steps of an adversarial run show up as lost throughput; ``cost_vs_random`` is the time
+per encoder update relative to random MLM with the same precision, checkpointing, micro-batch,
+ZeRO stage and global batch, measured in the same process. Modes (``advpt.config.VARIANTS``):
+``random``, ``alternating`` (the paper's schedule), ``simultaneous`` (one joint pass per step) and
+``importance``. ``peak_mem_gb`` is the most GPU memory allocated during the timed
+updates (on a CPU: the process's peak resident memory so far). A combination that runs out of
+GPU memory gives a row with ``oom: true``.
 
 Encoder FLOPs per encoder update (forward + backward, useful work only)::
 
     6 * N_body * T  +  12 * layers * H * L * T  +  6 * (H * H + H * V) * M
 
 with ``N_body`` the transformer-layer parameters, ``T`` non-padding tokens, ``L`` the padded
-length of each micro-batch, ``M`` masked positions (the MLM head runs there only). MFU divides
-the achieved rate by a matmul peak measured on the same device at the start of the run (bf16 on a
-GPU; on a CPU the better of bf16 and fp32).
+length of each micro-batch, ``M`` masked positions (the MLM head runs there only); activation
+checkpointing's recomputation is not counted. MFU divides the achieved rate by a matmul peak
+measured on the same device at the start of the run (bf16 on a GPU; on a CPU the better of bf16
+and fp32).
+
+``--find_max_micro_batch`` times nothing: for each ``--checkpointing`` value it finds the largest
+micro-batch of full-length sequences (every row ``--max_length`` tokens, no padding) for which a
+random-MLM encoder update (forward, backward, optimizer step; twice, so the optimizer state
+exists) fits in GPU memory, doubling from the first ``--micro_batches`` and then bisecting, up to
+``--max_micro_batch``. On a CPU nothing runs out, so the search stops at that cap (``capped``).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import os
@@ -38,9 +53,8 @@ from pathlib import Path
 if "--cpu" in sys.argv:  # before DeepSpeed picks its accelerator
     os.environ["DS_ACCELERATOR"] = "cpu"
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
 
 from advpt.config import VARIANTS, parse_config  # noqa: E402
 from advpt.data.stream import stream_loader  # noqa: E402
@@ -49,11 +63,14 @@ from advpt.tokenizer import VOCAB_SIZE  # noqa: E402
 from advpt.training.build import build_trainer, init_distributed  # noqa: E402
 from advpt.training.schedule import NOISER  # noqa: E402
 
+FLOPS_FORMULA = "6 * N_body * T + 12 * layers * H * L * T + 6 * (H * H + H * V) * M"
+
 FIELDS = (
-    "mode", "precision", "checkpointing", "micro_batch", "samples_per_s", "tokens_per_s",
-    "encoder_tflops", "mfu", "peak_mem_gb", "padding_fraction", "cost_vs_random",
+    "mode", "precision", "checkpointing", "zero", "micro_batch", "global_batch", "samples_per_s",
+    "tokens_per_s", "encoder_tflops", "mfu", "peak_mem_gb", "padding_fraction", "cost_vs_random",
     "ms_per_encoder_update",
 )  # fmt: skip
+SEARCH_FIELDS = ("precision", "checkpointing", "zero", "max_micro_batch", "capped", "peak_mem_gb")
 
 
 def sync(device: torch.device) -> None:
@@ -86,10 +103,11 @@ def matmul_peak_tflops(device: torch.device) -> float:
     return best
 
 
-def ds_config(precision: str, micro: int, zero: int, cuda: bool) -> dict:
+def ds_config(precision: str, micro: int, global_batch: int, zero: int, cuda: bool) -> dict:
+    """A one-process DeepSpeed config: ``global_batch / micro`` accumulation steps."""
     config = {
+        "train_batch_size": global_batch,
         "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": 1,
         "gradient_clipping": 1.0,
         "zero_optimization": {"stage": zero},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}},
@@ -112,25 +130,49 @@ def body_parameters(preset: str) -> tuple[int, int, int]:
     return per_layer * cfg.num_layers, cfg.num_layers, h
 
 
-def measure(args, mode: str, precision: str, checkpointing: int, micro: int, work: Path):
-    """Time ``args.steps`` encoder updates of one combination; returns a partial row."""
-    cuda = torch.cuda.is_available()
+def build(args, mode: str, cell: dict, work: Path, device: torch.device):
+    """The trainer of one combination (``cell``: precision, checkpointing, micro, zero, global).
+
+    The noiser gets the encoder's micro-batch and accumulation, in fp32 at ZeRO 0 (the GRU
+    stays in fp32, as in ds_configs/noiser.json).
+    """
+    cuda = device.type == "cuda"
+    work.mkdir(parents=True, exist_ok=True)
     paths = []
     for name in ("encoder", "noiser"):
-        noiser_precision = "fp32" if name == "noiser" else precision  # the GRU stays in fp32
+        precision, zero = (cell["precision"], cell["zero"]) if name == "encoder" else ("fp32", 0)
         path = work / f"{name}.json"
-        zero = args.zero if name == "encoder" else 0
-        path.write_text(json.dumps(ds_config(noiser_precision, micro, zero, cuda)))
+        config = ds_config(precision, cell["micro_batch"], cell["global_batch"], zero, cuda)
+        path.write_text(json.dumps(config))
         paths.append(str(path))
     config = parse_config([
         "--deepspeed_config", paths[0], "--noiser_deepspeed_config", paths[1],
         *VARIANTS[mode], "--encoder", args.preset, "--noiser", args.noiser,
-        "--max_length", str(args.max_length), "--activation_checkpointing", str(checkpointing),
+        "--max_length", str(args.max_length),
+        "--activation_checkpointing", str(cell["checkpointing"]),
         "--data", args.data, "--run_dir", str(work / "run"), "--num_workers", str(args.workers),
         "--warmup_steps", "1", "--max_steps", str(10**6),
     ])  # fmt: skip
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    trainer = build_trainer(config, device)
+    return build_trainer(config, device)
+
+
+def release(device: torch.device) -> None:
+    """Free what the last trainer held, so the next one starts from an empty GPU."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    # the process's peak resident memory (kB on Linux), for lack of a per-run figure
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def measure(args, mode: str, cell: dict, work: Path, device: torch.device) -> dict:
+    """Time ``args.steps`` encoder updates of one combination; returns a partial row."""
+    trainer = build(args, mode, cell, work, device)
     data = iter(stream_loader(trainer.stream, 0, args.workers))
     body, layers, hidden = body_parameters(args.preset)
 
@@ -157,32 +199,151 @@ def measure(args, mode: str, precision: str, checkpointing: int, micro: int, wor
         return tokens, slots, sequences, flops
 
     # Whole noiser + encoder cycles, so an alternating row counts its noiser steps in full.
-    cycle = 1 if config.simultaneous else config.schedule.encoder_steps
+    cycle = 1 if trainer.config.simultaneous else trainer.config.schedule.encoder_steps
     warmup, steps = (-(-n // cycle) * cycle for n in (args.warmup, args.steps))
     run(warmup)
     sync(device)
-    if cuda:
+    if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
     tokens, slots, sequences, flops = run(steps)
     sync(device)
     elapsed = time.perf_counter() - start
-    if cuda:
-        peak = torch.cuda.max_memory_allocated(device) / 2**30
-    else:  # the process's peak resident memory (kB on Linux), for lack of a per-run figure
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return {
-        "mode": mode,
-        "precision": precision,
-        "checkpointing": checkpointing,
-        "micro_batch": micro,
         "samples_per_s": sequences / elapsed,
         "tokens_per_s": tokens / elapsed,
         "encoder_tflops": flops / elapsed / 1e12,
-        "peak_mem_gb": peak,
+        "peak_mem_gb": peak_memory_gb(device),
         "padding_fraction": 1.0 - tokens / slots,
         "ms_per_encoder_update": 1000.0 * elapsed / steps,
+        "encoder_updates": steps,
     }
+
+
+class Results:
+    """The rows so far: each printed as it comes, and all of them written to ``path`` (if any)
+    after each one, so that a run stopped early (out of time) keeps what it measured."""
+
+    def __init__(self, path: Path | None, header: dict, fields: tuple[str, ...]):
+        self.path, self.header, self.fields = path, header, fields
+        self.rows: list[dict] = []
+        print(" | ".join(f"{f:>14}" for f in fields))
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        cells = []
+        for f in self.fields:
+            v = row.get(f, "oom" if row.get("oom") and f not in row else None)
+            cells.append(f"{v:>14.4g}" if isinstance(v, float) else f"{v!s:>14}")
+        print(" | ".join(cells), flush=True)
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps({**self.header, "rows": self.rows}, indent=2) + "\n")
+
+
+def timing_grid(args, peak: float, device: torch.device, tmp: Path, results: Results) -> None:
+    """Every combination, random MLM first in each so the others' ``cost_vs_random`` exists."""
+    for cell in cells(args):
+        random_ms = None
+        for mode in sorted(args.modes, key=lambda m: m != "random"):
+            row = {"mode": mode, **cell}
+            work = tmp / "-".join(str(v) for v in row.values())
+            try:
+                row.update(measure(args, mode, cell, work, device))
+            except torch.OutOfMemoryError:
+                row["oom"] = True
+            release(device)
+            if "ms_per_encoder_update" in row:
+                row["mfu"] = row["encoder_tflops"] / peak
+                if mode == "random":
+                    random_ms = row["ms_per_encoder_update"]
+                row["cost_vs_random"] = (
+                    row["ms_per_encoder_update"] / random_ms if random_ms else None
+                )
+            results.add(row)
+
+
+def cells(args) -> list[dict]:
+    """The combinations of the command line, as ``build``'s ``cell`` dicts."""
+    out = []
+    grid = itertools.product(args.precisions, args.checkpointing, args.micro_batches, args.zero)
+    for precision, checkpointing, micro, zero in grid:
+        global_batch = args.global_batch or micro
+        if global_batch % micro:
+            raise SystemExit(f"--global_batch {global_batch} is not a multiple of micro {micro}")
+        out.append(
+            dict(precision=precision, checkpointing=checkpointing, micro_batch=micro, zero=zero,
+                 global_batch=global_batch)
+        )  # fmt: skip
+    return out
+
+
+def full_length_batch(trainer, micro: int, max_length: int):
+    """``micro`` sequences of exactly ``max_length`` tokens (the longest records, cycled)."""
+    view = trainer.stream.view
+    longest = np.argsort(-view.token_lengths, kind="stable")
+    if view.token_lengths[longest[0]] < max_length:
+        raise SystemExit(f"no record of the data set has {max_length} tokens")
+    full = longest[: int((view.token_lengths >= max_length).sum())]
+    examples = [view.get(int(full[i % len(full)]), 0) for i in range(micro)]
+    return trainer.stream.collate(examples, 0)
+
+
+def fits(args, cell: dict, work: Path, device: torch.device) -> float | None:
+    """Peak memory (GB) of two random-MLM encoder updates of ``cell``, None when out of memory."""
+    trainer = None
+    try:
+        trainer = build(args, "random", cell, work, device)
+        batch = full_length_batch(trainer, cell["micro_batch"], args.max_length).to(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        for _ in range(2):
+            trainer.encoder_micro_step(batch)
+        sync(device)
+        return peak_memory_gb(device)
+    except torch.OutOfMemoryError:
+        return None
+    finally:
+        del trainer
+        release(device)
+
+
+def largest_fitting(probe, start: int, cap: int) -> tuple[int, bool, float | None]:
+    """``(largest size, capped, its peak)`` for which ``probe(size)`` returns a peak, not None.
+
+    Doubles from ``start`` up to ``cap``, then bisects between the last size that fit and the
+    first that did not, to within about 6%; ``capped`` when nothing up to ``cap`` failed.
+    """
+    good, bad, peak = 0, None, None
+    size = start
+    while size <= cap:
+        result = probe(size)
+        if result is None:
+            bad = size
+            break
+        good, peak = size, result
+        size *= 2
+    while bad is not None and bad - good > max(1, good // 16):
+        middle = (good + bad) // 2
+        result = probe(middle)
+        if result is None:
+            bad = middle
+        else:
+            good, peak = middle, result
+    return good, bad is None, peak
+
+
+def find_max_micro_batch(args, device: torch.device, tmp: Path, results: Results) -> None:
+    """The largest micro-batch that fits, per checkpointing value."""
+    for checkpointing in args.checkpointing:
+        cell = dict(precision=args.precisions[0], checkpointing=checkpointing, zero=args.zero[0])
+
+        def probe(micro: int, cell: dict = cell) -> float | None:
+            sized = {**cell, "micro_batch": micro, "global_batch": micro}
+            return fits(args, sized, tmp / f"search-{cell['checkpointing']}-{micro}", device)
+
+        good, capped, peak = largest_fitting(probe, args.micro_batches[0], args.max_micro_batch)
+        results.add({**cell, "max_micro_batch": good, "capped": capped, "peak_mem_gb": peak})
 
 
 def main() -> None:
@@ -195,14 +356,21 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="+", default=None, help="fp32 bf16 fp16")
     parser.add_argument("--checkpointing", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--micro_batches", nargs="+", type=int, default=[8])
+    parser.add_argument("--zero", nargs="+", type=int, default=[0], help="encoder ZeRO stages")
+    parser.add_argument(
+        "--global_batch", type=int, default=0, help="sequences per update (default: micro)"
+    )
     parser.add_argument("--max_length", type=int, default=128)
-    parser.add_argument("--zero", type=int, default=0, help="encoder ZeRO stage")
     parser.add_argument(
         "--steps", type=int, default=10, help="timed encoder updates (whole alternating cycles)"
     )
     parser.add_argument("--warmup", type=int, default=10, help="untimed encoder updates first")
     parser.add_argument("--workers", type=int, default=1, help="DataLoader workers")
     parser.add_argument("--data", default="bundled:proteome")
+    parser.add_argument(
+        "--find_max_micro_batch", action="store_true", help="search, don't time (see above)"
+    )
+    parser.add_argument("--max_micro_batch", type=int, default=4096, help="the search's cap")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--cpu", action="store_true", help="force the CPU even with a GPU")
     args = parser.parse_args()
@@ -214,36 +382,17 @@ def main() -> None:
     peak = matmul_peak_tflops(device)
     name = torch.cuda.get_device_name(device) if cuda else "CPU"
     print(f"device: {name}; measured matmul peak: {peak:.3f} TFLOP/s")
-    rows = []
-    print(" | ".join(f"{f:>14}" for f in FIELDS))
-    combos = itertools.product(args.precisions, args.checkpointing, args.micro_batches)
+    header = {
+        "device": name, "torch": torch.__version__, "matmul_peak_tflops": peak,
+        "flops_formula": FLOPS_FORMULA, "preset": args.preset, "noiser": args.noiser,
+        "max_length": args.max_length, "command": " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%d"),
+    }  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        for precision, checkpointing, micro in combos:
-            random_ms = None
-            for mode in sorted(args.modes, key=lambda m: m != "random"):
-                work = Path(tmp) / f"{mode}-{precision}-{checkpointing}-{micro}"
-                work.mkdir()
-                row = measure(args, mode, precision, checkpointing, micro, work)
-                row["mfu"] = row["encoder_tflops"] / peak
-                if mode == "random":
-                    random_ms = row["ms_per_encoder_update"]
-                row["cost_vs_random"] = (
-                    row["ms_per_encoder_update"] / random_ms if random_ms else None
-                )
-                rows.append(row)
-                print_row(row)
-    if args.json:
-        args.json.write_text(json.dumps({"device": name, "matmul_peak_tflops": peak,
-                                         "preset": args.preset, "max_length": args.max_length,
-                                         "rows": rows}, indent=2))  # fmt: skip
-
-
-def print_row(row: dict) -> None:
-    cells = []
-    for f in FIELDS:
-        v = row.get(f)
-        cells.append(f"{v:>14.4g}" if isinstance(v, float) else f"{v!s:>14}")
-    print(" | ".join(cells), flush=True)
+        if args.find_max_micro_batch:
+            find_max_micro_batch(args, device, Path(tmp), Results(args.json, header, SEARCH_FIELDS))
+        else:
+            timing_grid(args, peak, device, Path(tmp), Results(args.json, header, FIELDS))
 
 
 if __name__ == "__main__":

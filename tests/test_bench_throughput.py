@@ -1,5 +1,6 @@
 """The throughput benchmark (scripts/bench_throughput.py) at its tiny preset, in a fresh process."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -12,12 +13,14 @@ def test_throughput_benchmark_tiny_preset_reports_every_field(tmp_path):
     command = [
         sys.executable, "scripts/bench_throughput.py", "--preset", "tiny", "--steps", "2",
         "--warmup", "1", "--checkpointing", "0", "--max_length", "64", "--json", str(out),
+        "--zero", "2",
     ]  # fmt: skip
     result = subprocess.run(
         command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
+    assert report["flops_formula"].startswith("6 * N_body * T")
     assert report["matmul_peak_tflops"] > 0
     rows = {row["mode"]: row for row in report["rows"]}
     assert set(rows) == {"random", "alternating"}
@@ -27,6 +30,7 @@ def test_throughput_benchmark_tiny_preset_reports_every_field(tmp_path):
             "encoder_tflops", "mfu", "peak_mem_gb", "padding_fraction",
         ):  # fmt: skip
             assert row[field] is not None, field
+        assert row["zero"] == 2 and row["global_batch"] == row["micro_batch"] == 8
         assert row["tokens_per_s"] > 0 and 0 < row["mfu"] < 1
     assert rows["random"]["cost_vs_random"] == 1.0
     assert rows["alternating"]["cost_vs_random"] > 1.0
@@ -50,3 +54,23 @@ def test_throughput_benchmark_reports_simultaneous_beside_alternating(tmp_path):
     for mode in ("alternating", "simultaneous"):
         assert rows[mode]["cost_vs_random"] > 1.0
         assert rows[mode]["tokens_per_s"] > 0
+
+
+def test_micro_batch_search_doubles_then_bisects():
+    spec = importlib.util.spec_from_file_location("bench", REPO / "scripts/bench_throughput.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    tried = []
+
+    def probe(limit: int):
+        def fits(size: int) -> float | None:
+            tried.append(size)
+            return float(size) if size <= limit else None
+
+        return fits
+
+    assert bench.largest_fitting(probe(100), 8, 4096) == (100, False, 100.0)
+    assert tried == [8, 16, 32, 64, 128, 96, 112, 104, 100]
+    assert bench.largest_fitting(probe(10**6), 8, 100) == (64, True, 64.0)
+    assert bench.largest_fitting(probe(3), 8, 100) == (3, False, 3.0)
+    assert bench.largest_fitting(probe(0), 8, 100) == (0, False, None)

@@ -25,7 +25,7 @@ from advpt.data.tape_tasks import TaskSplit, collate, read_split
 from advpt.errors import DataError
 from advpt.finetune import evaluate, run_finetune
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
-from advpt.models.heads import HeadConfig, TaskModel
+from advpt.models.heads import HeadConfig, TaskModel, masked_batch_norm
 from advpt.models.pretrained import load_task_model
 from advpt.tasks import (
     IGNORE_LABEL,
@@ -245,6 +245,43 @@ def test_task_outputs_do_not_depend_on_padding(kind, pooling):
     if kind == PER_RESIDUE:
         padded = padded[:, :5]
     torch.testing.assert_close(padded, unpadded, rtol=1e-5, atol=1e-5)
+
+
+def test_masked_batch_norm_is_batch_norm_over_the_real_tokens():
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 7, 4) * 3 + 1  # [B, L, C]
+    valid = torch.arange(7) < torch.tensor([[7], [4], [2]])
+    ours, reference = torch.nn.BatchNorm1d(4), torch.nn.BatchNorm1d(4)
+    with torch.no_grad():
+        ours.weight.uniform_(0.5, 2.0)
+        ours.bias.normal_()
+    reference.load_state_dict(ours.state_dict())
+    for training in (True, True, False):  # batch statistics and running averages, then eval
+        ours.train(training)
+        reference.train(training)
+        expected = torch.zeros_like(hidden)
+        expected[valid] = reference(hidden[valid])
+        torch.testing.assert_close(masked_batch_norm(ours, hidden, valid), expected)
+    for name, buffer in reference.state_dict().items():
+        torch.testing.assert_close(ours.state_dict()[name], buffer)
+
+
+def test_per_residue_head_runs_with_deepspeeds_half_precision_cast():
+    """DeepSpeed's bf16/fp16 modes cast parameters and keep buffers in float32 (BatchNorm's
+    running statistics): the per-residue head must accept that mix."""
+    torch.manual_seed(0)
+    encoder = MaskedLanguageModel(ENCODER_PRESETS["tiny"]).encoder
+    model = TaskModel(encoder, PER_RESIDUE, 3, HeadConfig(hidden_size=16))
+    tokens = torch.randint(5, 30, (2, 9))
+    valid = torch.arange(9) < torch.tensor([[9], [6]])
+    targets = torch.where(valid, torch.randint(0, 3, (2, 9)), IGNORE_LABEL)
+    full = model(tokens, valid, targets).loss
+    for p in model.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    half = model(tokens, valid, targets).loss
+    half.backward()
+    assert model.head.norm.running_mean.dtype == torch.float32
+    assert half.dtype == torch.float32 and abs(half.item() - full.item()) < 0.05
 
 
 @pytest.mark.parametrize(

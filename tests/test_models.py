@@ -77,12 +77,13 @@ def test_one_hot_input_passes_gradients_back():
 def test_noiser_scores_each_token_and_ignores_padding():
     torch.manual_seed(3)
     noiser = GRUNoiser(NOISER_PRESETS["tiny"]).eval()
-    ids, valid = _ids([11, 6])
+    ids, valid = _ids([6, 11, 9])  # not sorted by length: the noiser sorts and restores rows
     lengths = valid.sum(1)
     scores = noiser(ids, lengths)
-    assert scores.shape == (2, 11, NUM_SCORES)
-    alone = noiser(ids[1:, :6], lengths[1:])  # the short row without any padding
-    torch.testing.assert_close(scores[1:, :6], alone, rtol=1e-5, atol=1e-6)
+    assert scores.shape == (3, 11, NUM_SCORES)
+    for row, n in enumerate(lengths.tolist()):  # each row alone, without any padding
+        alone = noiser(ids[row : row + 1, :n], lengths[row : row + 1])
+        torch.testing.assert_close(scores[row : row + 1, :n], alone, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])

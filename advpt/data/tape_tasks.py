@@ -158,7 +158,10 @@ class TaskBatch:
     targets: torch.Tensor
 
     def to(self, device: torch.device | str) -> TaskBatch:
-        return TaskBatch(*(getattr(self, f.name).to(device) for f in fields(self)))
+        """Tensors moved to ``device`` without blocking: a blocking copy waits for the device."""
+        return TaskBatch(
+            *(getattr(self, f.name).to(device, non_blocking=True) for f in fields(self))
+        )
 
 
 def collate(split: TaskSplit, indices: list[int], kind: str) -> TaskBatch:

@@ -67,12 +67,37 @@ class SimpleMLP(nn.Sequential):
         )
 
 
+def masked_batch_norm(norm: nn.BatchNorm1d, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``norm`` applied to the real tokens of ``x`` ``[B, L, C]`` alone; zeros at padding.
+
+    The same as ``norm(x[valid])`` scattered back (statistics, running averages and all), but
+    without boolean indexing, whose output size the host must read from the device (a sync
+    every step), and in float32 whatever the parameters' dtype: DeepSpeed's bf16 and fp16 modes
+    cast parameters but keep buffers, the running statistics, in float32, a mix
+    ``batch_norm`` refuses.
+    """
+    keep = valid.unsqueeze(-1).float()  # [B, L, 1]
+    x = x.float()
+    if norm.training:
+        count = keep.sum()
+        mean = (x * keep).sum((0, 1)) / count.clamp_min(1)  # [C]
+        var = ((x - mean) ** 2 * keep).sum((0, 1)) / count.clamp_min(1)  # biased, as BatchNorm
+        with torch.no_grad():  # momentum-weighted running averages, unbiased variance
+            norm.num_batches_tracked.add_(1)
+            norm.running_mean.lerp_(mean, norm.momentum)
+            norm.running_var.lerp_(var * count / (count - 1).clamp_min(1), norm.momentum)
+    else:
+        mean, var = norm.running_mean, norm.running_var
+    scale = norm.weight.float() * torch.rsqrt(var + norm.eps)
+    return ((x - mean) * scale + norm.bias.float()) * keep
+
+
 class SimpleConv(nn.Module):
     """TAPE's ``SimpleConv``: ``[B, L, in_dim]`` -> ``[B, L, out_dim]``, padding-invariant."""
 
     def __init__(self, in_dim: int, hid_dim: int, out_dim: int, dropout: float = 0.0):
         super().__init__()
-        self.norm = nn.BatchNorm1d(in_dim)
+        self.norm = nn.BatchNorm1d(in_dim)  # applied by masked_batch_norm; momentum 0.1
         self.conv_in = _weight_normed(nn.Conv1d(in_dim, hid_dim, 5, padding=2))
         self.dropout = nn.Dropout(dropout)
         self.conv_out = _weight_normed(nn.Conv1d(hid_dim, out_dim, 3, padding=1))
@@ -80,8 +105,7 @@ class SimpleConv(nn.Module):
     def forward(self, hidden: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """``hidden`` ``[B, L, H]``, ``valid`` ``[B, L]`` bool -> logits ``[B, L, out_dim]``."""
         keep = valid.unsqueeze(1).to(hidden.dtype)  # [B, 1, L]
-        x = torch.zeros_like(hidden)
-        x[valid] = self.norm(hidden[valid])  # statistics over real tokens only
+        x = masked_batch_norm(self.norm, hidden, valid).to(hidden.dtype)  # real tokens' stats
         x = self.conv_in(x.transpose(1, 2))  # [B, hid, L]
         x = self.dropout(F.relu(x)) * keep
         return self.conv_out(x).transpose(1, 2)

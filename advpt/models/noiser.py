@@ -73,12 +73,19 @@ class GRUNoiser(nn.Module):
 
         ``lengths`` ``[B]`` (int64, on the CPU, as the data pipeline provides them) packs the
         batch so the backward direction starts at each sequence's own end, not in padding.
+
+        The rows are sorted by length here, on the host, rather than by ``pack_padded_sequence``
+        (``enforce_sorted=False``): PyTorch would copy the order to the device with a blocking
+        copy and ``pad_packed_sequence`` would copy its inverse back to the host, two device
+        syncs per call.
         """
-        packed = pack_padded_sequence(
-            self.embedding(ids), lengths.cpu(), batch_first=True, enforce_sorted=False
-        )
+        order = torch.argsort(lengths, descending=True, stable=True)  # [B], CPU
+        restore = torch.argsort(order).to(ids.device, non_blocking=True)
+        embedded = self.embedding(ids.index_select(0, order.to(ids.device, non_blocking=True)))
+        packed = pack_padded_sequence(embedded, lengths[order], batch_first=True)
         out, _ = self.gru(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=ids.shape[1])
+        out = out.index_select(0, restore)
         if self.context_only:
             out = self._neighbours_only(out)
         return self.head(out).float()
@@ -129,7 +136,8 @@ class TransformerNoiser(nn.Module):
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Scores ``[B, L, 1 + 2 + A]`` (float32) for ids ``[B, L]``; ``lengths`` ``[B]`` on CPU."""
         length = ids.shape[1]
-        valid = torch.arange(length, device=ids.device) < lengths.to(ids.device).unsqueeze(1)
+        device_lengths = lengths.to(ids.device, non_blocking=True)  # a blocking copy would sync
+        valid = torch.arange(length, device=ids.device) < device_lengths.unsqueeze(1)
         has_padding = bool((lengths < length).any())  # a CPU tensor: no device sync
         return self.head(self.body(ids, valid, has_padding)).float()
 

@@ -19,8 +19,12 @@ import torch
 import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 
+from advpt.data.collate import Batch
 from advpt.masking.adversarial import NUM_OPTIONS, OPTION_KEEP, OPTION_MASK
+from advpt.masking.importance import effective_sample_share
+from advpt.models.encoder import MLMOutput
 from advpt.tokenizer import FIRST_RESIDUE_ID, RESIDUES, VOCAB_SIZE
+from advpt.training.objective import Draw
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +112,24 @@ class MetricsAccumulator:
         if importance_ess is not None:
             self.add_scalar("importance_ess_sum", importance_ess.detach())
             self.add_scalar("importance_draws", 1.0)
+
+    def record(self, phase: str, out: MLMOutput, draw: Draw | None, batch: Batch) -> None:
+        """Everything one micro-step of ``phase`` reports: its losses and, with a noiser draw,
+        where and how the noiser masked."""
+        if draw is None:
+            is_adv = torch.zeros_like(out.token_correct)
+        else:
+            sample = draw.sample
+            is_adv = sample.positions.flatten().index_select(0, out.positions)
+            option = sample.option.flatten().index_select(0, out.positions)
+            self.add_option_losses(out.token_loss, option, is_adv)
+            self.add_masking(batch.ids, sample.positions, sample.option)
+            ess = None
+            if draw.importance is not None:
+                ess = effective_sample_share(draw.importance, sample.positions)
+            self.add_draw(draw.entropy, ess)
+        self.add_step(phase, out.loss, out.token_loss, out.token_correct, is_adv)
+        self.add_tokens(batch.num_tokens, batch.ids.numel())
 
     def summarize(self) -> dict[str, Any]:
         """Reduce over ranks, turn sums into metrics and reset. Host sync happens here only."""

@@ -31,13 +31,13 @@ from typing import Any
 import deepspeed
 import torch
 import torch.distributed as dist
+from torch import nn
 from tqdm import tqdm
 
 from advpt.config import TrainConfig
 from advpt.data.collate import Batch
 from advpt.data.stream import MicroBatches, stream_loader
 from advpt.errors import CheckpointError
-from advpt.masking.importance import effective_sample_share
 from advpt.models.encoder import MLMOutput
 from advpt.training import checkpoint
 from advpt.training.engines import current_lr
@@ -231,14 +231,14 @@ class Trainer:
         """A noiser backward and (at the accumulation boundary) its optimizer step."""
         out, draw = self.noiser_backward(batch)
         self._step("noiser", self.noiser, log)
-        self._record(NOISER, out, draw, batch)
+        self.metrics.record(NOISER, out, draw, batch)
         return out
 
     def encoder_micro_step(self, batch: Batch, log: bool = False) -> MLMOutput:
         """An encoder backward and (at the accumulation boundary) its optimizer step."""
         out, draw = self.encoder_backward(batch)
         self._step("encoder", self.encoder, log)
-        self._record(ENCODER, out, draw, batch)
+        self.metrics.record(ENCODER, out, draw, batch)
         return out
 
     def joint_micro_step(self, batch: Batch, log: bool = False) -> MLMOutput:
@@ -246,7 +246,7 @@ class Trainer:
         out, draw = self.joint_backward(batch)
         self._step("encoder", self.encoder, log)
         self._step("noiser", self.noiser, log)
-        self._record(ENCODER, out, draw, batch)
+        self.metrics.record(ENCODER, out, draw, batch)
         return out
 
     # Which engine runs which part of each phase: the frozen encoder of the noiser phase and
@@ -283,22 +283,6 @@ class Trainer:
                 self._grad_norms[name] = torch.linalg.vector_norm(torch.stack(grads))
         engine.step()
 
-    def _record(self, phase: str, out: MLMOutput, draw: Draw | None, batch: Batch) -> None:
-        if draw is None:
-            is_adv = torch.zeros_like(out.token_correct)
-        else:
-            sample = draw.sample
-            is_adv = sample.positions.flatten().index_select(0, out.positions)
-            option = sample.option.flatten().index_select(0, out.positions)
-            self.metrics.add_option_losses(out.token_loss, option, is_adv)
-            self.metrics.add_masking(batch.ids, sample.positions, sample.option)
-            ess = None
-            if draw.importance is not None:
-                ess = effective_sample_share(draw.importance, sample.positions)
-            self.metrics.add_draw(draw.entropy, ess)
-        self.metrics.add_step(phase, out.loss, out.token_loss, out.token_correct, is_adv)
-        self.metrics.add_tokens(batch.num_tokens, batch.ids.numel())
-
     # ----------------------------------------------------------------- reporting
 
     def _log(self, writer: MetricsWriter, progress: tqdm) -> dict[str, Any]:
@@ -324,20 +308,10 @@ class Trainer:
         progress.set_postfix(**shown, tok_s=f"{record['tokens_per_s']:.0f}")
         return record
 
-    @torch.no_grad()
     def _evaluate(self, writer: MetricsWriter) -> dict[str, Any]:
         """Masked-token loss and accuracy on the held-out split under plain random masking."""
-        model = self.encoder.module
-        model.eval()
-        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
         start = time.perf_counter()
-        for batch in self.validation:
-            batch = batch.to(self.device)
-            out = masked_lm(model, batch, batch.inputs, batch.random_masked)
-            sums[0] += out.token_loss.sum()
-            sums[1] += out.token_correct.sum()
-            sums[2] += batch.num_masked
-        model.train()
+        sums = validation_sums(self.encoder.module, self.validation, self.device)
         if dist.is_initialized():
             dist.all_reduce(sums)
         loss_sum, correct, count = sums.tolist()
@@ -385,3 +359,22 @@ class Trainer:
             raise CheckpointError(f"{self.checkpoints}: {exc}") from None
         self.base_batch = dict(state["base_batch"])
         return True
+
+
+@torch.no_grad()
+def validation_sums(encoder: nn.Module, batches: list[Batch], device: torch.device) -> torch.Tensor:
+    """``[3]`` float64 sums over ``batches`` of the masked positions' loss, hits and count.
+
+    Runs ``encoder`` (a ``MaskedLanguageModel``) in eval mode on ``device`` and leaves the sums
+    there: the caller reads them with one host sync, after the loop.
+    """
+    encoder.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=device)
+    for batch in batches:
+        batch = batch.to(device)
+        out = masked_lm(encoder, batch, batch.inputs, batch.random_masked)
+        sums[0] += out.token_loss.sum()
+        sums[1] += out.token_correct.sum()
+        sums[2] += batch.num_masked
+    encoder.train()
+    return sums
