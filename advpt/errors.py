@@ -33,6 +33,14 @@ def shorten(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def first_line(error: BaseException | str, limit: int = 160) -> str:
+    """The first line of an exception's message (or of ``text``), cut to ``limit`` characters:
+    what a one-sentence error quotes from another library, whose messages may run for pages."""
+    lines = str(error).strip().splitlines()
+    text = lines[0] if lines else type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 3, 4, 4, 4
 _REPR.maxstring = _REPR.maxother = 60

@@ -1,0 +1,103 @@
+"""Broken and hostile input files: each ends in one sentence naming the file (real files)."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from advpt.data import ProteinDataset, iter_fasta
+from advpt.errors import DataError
+
+PROTEINS = ">p1 first\nMKTAYIAKQR\n>p2\nGGHH\n"
+
+
+def _gzip_truncated(path: Path) -> Path:
+    path.write_bytes(gzip.compress(PROTEINS.encode() * 50)[:-40])
+    return path
+
+
+def _gzip_corrupt(path: Path) -> Path:
+    data = bytearray(gzip.compress(PROTEINS.encode() * 50))
+    data[-6] ^= 0xFF  # the CRC no longer matches the data
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _deflate_corrupt(path: Path) -> Path:
+    data = bytearray(gzip.compress(bytes(range(256)) * 100))
+    data[30:60] = bytes(30)  # deflate blocks destroyed, gzip header intact
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _not_gzip(path: Path) -> Path:
+    path.write_text(PROTEINS)
+    return path
+
+
+def _unreadable(path: Path) -> Path:
+    # Opens, but every read fails (EIO), whatever the user's privileges: a chmod 000 file is
+    # readable by root.
+    path.symlink_to("/proc/self/mem")
+    return path
+
+
+def _utf16(path: Path) -> Path:
+    path.write_bytes(PROTEINS.encode("utf-16"))
+    return path
+
+
+UNREADABLE = {
+    "truncated gzip": ("x.fasta.gz", _gzip_truncated, "the compressed data ends early"),
+    "bad crc": ("x.fasta.gz", _gzip_corrupt, "the compressed data is corrupt (CRC check"),
+    "bad deflate": ("x.fasta.gz", _deflate_corrupt, "the compressed data is corrupt (Error -3"),
+    "not gzip": ("x.fasta.gz", _not_gzip, "it is not a gzip file"),
+    "read error": ("x.fasta", _unreadable, "cannot read"),
+    "utf-16": ("x.fasta", _utf16, "is UTF-16 text; FASTA files must be ASCII or UTF-8"),
+}
+
+
+@pytest.mark.parametrize("case", UNREADABLE)
+def test_unreadable_fasta_is_one_sentence_naming_it(tmp_path, case):
+    name, make, expected = UNREADABLE[case]
+    path = make(tmp_path / name)
+    with pytest.raises(DataError) as caught:
+        ProteinDataset.from_path(path)
+    message = str(caught.value)
+    assert expected in message and str(path) in message and "\n" not in message
+
+
+@pytest.mark.parametrize("suffix", [".fasta", ".fasta.gz"])
+def test_byte_order_mark_and_old_mac_line_endings_are_read(tmp_path, suffix):
+    bom = b"\xef\xbb\xbf" + PROTEINS.encode()
+    mac = PROTEINS.replace("\n", "\r").encode()
+    mixed = b">p1 first\r\nMKTAY\rIAKQR\n>p2\rGG\r\nHH"  # every ending, no final newline
+    for i, data in enumerate([bom, mac, mixed]):
+        path = tmp_path / f"{i}{suffix}"
+        path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+        assert {r.name: r.sequence for r in iter_fasta(path)} == {
+            "p1": "MKTAYIAKQR", "p2": "GGHH",
+        }, data  # fmt: skip
+        dataset = ProteinDataset.from_path(path)  # plain files: read back by seeking
+        assert [dataset.residues(i) for i in range(len(dataset))] == ["MKTAYIAKQR", "GGHH"]
+
+
+def test_data_file_vanishing_during_the_run_is_one_sentence(tmp_path):
+    path = tmp_path / "x.fasta"
+    path.write_text(PROTEINS)
+    dataset = ProteinDataset.from_path(path)
+    path.unlink()
+    with pytest.raises(DataError, match=f"cannot read {path}: No such file or directory"):
+        dataset[0]
+
+
+def test_long_values_in_messages_are_shortened(tmp_path):
+    name = "N" * 100_000
+    path = tmp_path / "long.fasta"
+    path.write_text(f">{name}\nMK1\n")
+    with pytest.raises(DataError) as caught:
+        ProteinDataset.from_path(path)
+    message = str(caught.value)
+    assert len(message) < 300 and "record 'NNNN" in message and "NNN' has invalid" in message
