@@ -44,7 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         tmp.replace(run_dir / "config.json")
     try:
         final = trainer.train()
-    except (NonFiniteError, CheckpointError) as exc:
+    except CheckpointError as exc:
+        print(f"advpt: error: {exc}", file=sys.stderr)
+        return 2
+    except NonFiniteError as exc:
         print(f"advpt: error: {exc}", file=sys.stderr)
         return 3
     if trainer.is_main:

@@ -336,19 +336,30 @@ class Trainer:
             "base_batch": self.base_batch,
         }
 
+    def architecture(self) -> dict[str, Any]:
+        """The model settings a checkpoint is only resumed with (activation checkpointing may
+        change between runs: it changes no weight)."""
+        m = self.config.model
+        settings = {"encoder": m.encoder}
+        if self.noiser is not None:
+            settings.update(noiser=m.noiser, noiser_arch=m.noiser_arch,
+                            noiser_bidirectional=m.noiser_bidirectional,
+                            noiser_context_only=m.noiser_context_only)  # fmt: skip
+        return settings
+
     def save(self) -> None:
-        tag = checkpoint.checkpoint_tag(self.counters.encoder_step)
         checkpoint.save_checkpoint(
             self.checkpoints,
-            tag,
+            checkpoint.checkpoint_tag(self.counters.step),
             self.engines,
             self.trainer_state(),
             self.config.run.keep_checkpoints,
+            self.architecture(),
         )
 
     def restore(self) -> bool:
-        """Load the newest complete checkpoint if there is one; True if something was loaded."""
-        tag = checkpoint.latest_tag(self.checkpoints)
+        """Load the newest usable checkpoint if there is one; True if something was loaded."""
+        tag = checkpoint.resume_tag(self.checkpoints, self.engines, self.architecture())
         if tag is None:
             return False
         state = checkpoint.load_checkpoint(self.checkpoints, tag, self.engines)
