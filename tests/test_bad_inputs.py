@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 
 import pytest
 
 from advpt.data import ProteinDataset, iter_fasta
 from advpt.errors import DataError
+from tests.helpers import write_ds_config
 
 PROTEINS = ">p1 first\nMKTAYIAKQR\n>p2\nGGHH\n"
 
@@ -101,3 +103,29 @@ def test_long_values_in_messages_are_shortened(tmp_path):
         ProteinDataset.from_path(path)
     message = str(caught.value)
     assert len(message) < 300 and "record 'NNNN" in message and "NNN' has invalid" in message
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("train_micro_batch_size_per_gpu", 0),
+        ("train_micro_batch_size_per_gpu", "8"),
+        ("train_micro_batch_size_per_gpu", True),
+        ("gradient_accumulation_steps", 2.5),
+        ("train_batch_size", -8),
+    ],
+)
+def test_deepspeed_batch_settings_must_be_positive_integers(tmp_path, key, value):
+    from advpt.config import ConfigError
+    from advpt.training.engines import load_ds_config
+
+    path = tmp_path / "ds.json"
+    write_ds_config(path)
+    config = json.loads(path.read_text())
+    config[key] = value
+    path.write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as caught:
+        load_ds_config(str(path), tmp_path, "encoder")
+    assert str(caught.value) == (
+        f"DeepSpeed config {path}: {key} must be a positive integer, not {json.dumps(value)}"
+    )
