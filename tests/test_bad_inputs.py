@@ -6,9 +6,12 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from advpt.data import ProteinDataset, iter_fasta
+from advpt.data import CroppedView, LengthBucketedBatches, ProteinDataset, iter_fasta
+from advpt.data.collate import MaskingCollator
+from advpt.data.stream import MicroBatches, stream_loader
 from advpt.errors import DataError
 from tests.helpers import write_ds_config
 
@@ -129,3 +132,16 @@ def test_deepspeed_batch_settings_must_be_positive_integers(tmp_path, key, value
     assert str(caught.value) == (
         f"DeepSpeed config {path}: {key} must be a positive integer, not {json.dumps(value)}"
     )
+
+
+def test_data_error_in_a_loader_worker_is_raised_as_its_one_sentence(tmp_path):
+    path = tmp_path / "x.fasta"
+    path.write_text(PROTEINS * 20)
+    dataset = ProteinDataset.from_path(path)
+    view = CroppedView(dataset, np.arange(len(dataset)), max_length=16, seed=0)
+    batches = LengthBucketedBatches(view.token_lengths, 4, 0, 1, seed=0)
+    stream = MicroBatches(view, batches, MaskingCollator(0.1, 0.1, seed=0))
+    path.unlink()
+    with pytest.raises(DataError) as caught:
+        next(stream_loader(stream, 0, num_workers=1))
+    assert str(caught.value) == f"cannot read {path}: No such file or directory"
