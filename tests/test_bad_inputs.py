@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from advpt.data import CroppedView, LengthBucketedBatches, ProteinDataset, iter_
 from advpt.data.collate import MaskingCollator
 from advpt.data.stream import MicroBatches, stream_loader
 from advpt.errors import DataError
-from tests.helpers import write_ds_config
+from tests.helpers import tiny_run_args, write_ds_config
 
 PROTEINS = ">p1 first\nMKTAYIAKQR\n>p2\nGGHH\n"
 
@@ -119,7 +120,7 @@ def test_long_values_in_messages_are_shortened(tmp_path):
     ],
 )
 def test_deepspeed_batch_settings_must_be_positive_integers(tmp_path, key, value):
-    from advpt.config import ConfigError
+    from advpt.errors import ConfigError
     from advpt.training.engines import load_ds_config
 
     path = tmp_path / "ds.json"
@@ -145,3 +146,119 @@ def test_data_error_in_a_loader_worker_is_raised_as_its_one_sentence(tmp_path):
     with pytest.raises(DataError) as caught:
         next(stream_loader(stream, 0, num_workers=1))
     assert str(caught.value) == f"cannot read {path}: No such file or directory"
+
+
+def _tape_dir(path: Path, weights: bytes) -> Path:
+    from advpt.models import ENCODER_PRESETS
+    from advpt.models.pretrained import tape_config
+
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(tape_config(ENCODER_PRESETS["tiny"])))
+    (path / "pytorch_model.bin").write_bytes(weights)
+    return path
+
+
+def _export_dir(path: Path, damage) -> Path:
+    from advpt.models import ENCODER_PRESETS, ProteinEncoder
+    from advpt.models.pretrained import save_export
+
+    save_export(ProteinEncoder(ENCODER_PRESETS["tiny"]), path)
+    weights = path / "model.safetensors"
+    weights.write_bytes(damage(weights.read_bytes()))
+    return path
+
+
+PRETRAINED = {
+    "raw pickle": (
+        lambda d: _tape_dir(d / "tape", pickle.dumps({"bert.embeddings": [1.0, 2.0]})),
+        "pytorch_model.bin holds more than tensors and plain data",
+    ),
+    "not a dict": (
+        lambda d: _tape_dir(d / "tape", _torch_bytes([1, 2])),
+        "pytorch_model.bin hold a list, not a dict",
+    ),
+    "truncated safetensors": (
+        lambda d: _export_dir(d / "export", lambda data: data[: len(data) // 2]),
+        "model.safetensors is not a readable safetensors file (Error while deserializing",
+    ),
+    "pickle as safetensors": (
+        lambda d: _export_dir(d / "export", lambda data: pickle.dumps({"w": 1})),
+        "model.safetensors is not a readable safetensors file",
+    ),
+}
+
+
+def _torch_bytes(value) -> bytes:
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("case", PRETRAINED)
+def test_damaged_pretrained_directory_is_one_sentence(tmp_path, capsys, case):
+    from advpt.export import main as export
+
+    make, expected = PRETRAINED[case]
+    source = make(tmp_path)
+    assert export([str(source), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("advpt: error: ") and expected in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_path_that_is_a_file_is_one_sentence(tmp_path, capsys):
+    from advpt.export import main as export
+
+    source = _export_dir(tmp_path / "export", lambda data: data)
+    (tmp_path / "taken").write_text("")
+    assert export([str(source), str(tmp_path / "taken")]) == 2
+    assert "taken is a file, not a directory" in capsys.readouterr().err
+    assert export([str(source), str(tmp_path / "out"), "--debug"]) == 0
+
+
+def _train(tmp_path: Path, *flags: str) -> int:
+    from advpt.train import main
+
+    return main(tiny_run_args(tmp_path, tmp_path / "run") + ["--max_steps", "2", *flags])
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--checkpoint_every", "0"], "checkpoint_every must be positive"),
+        (["--keep_checkpoints", "0"], "keep_checkpoints must be at least 1"),
+        (["--run_dir", "{file}"], "taken is a file, not a directory"),
+        (
+            ["--encoder", "x" * 10_000],
+            "setting 'encoder' must be tape-base | small | tiny, got 'xx",
+        ),
+    ],
+)
+def test_bad_settings_are_one_sentence_on_rank_0_only(
+    tmp_path, capsys, monkeypatch, flags, expected
+):
+    (tmp_path / "taken").write_text("")
+    flags = [flag.format(file=tmp_path / "taken") for flag in flags]
+    assert _train(tmp_path, *flags) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("advpt: error: ") and expected in err
+    assert err.count("\n") == 1 and len(err) < 400
+    monkeypatch.setenv("RANK", "1")  # what another rank of the job prints: nothing
+    assert _train(tmp_path, *flags) == 2
+    assert capsys.readouterr().err == ""
+    assert _train(tmp_path, *flags, "--debug") == 2  # every rank, with the traceback
+    err = capsys.readouterr().err
+    assert "Traceback" in err and expected in err.strip().splitlines()[-1]
+
+
+def test_run_directory_that_cannot_be_created_is_one_sentence(tmp_path, capsys, distributed):
+    (tmp_path / "taken").write_text("")
+    run_dir = tmp_path / "taken" / "run"
+    assert _train(tmp_path, "--run_dir", str(run_dir), "--num_workers", "0") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"advpt: error: cannot write {run_dir}: Not a directory"
+    assert "Traceback" not in "\n".join(err)

@@ -231,4 +231,6 @@ def test_remains_of_a_killed_prune_are_deleted_by_the_next_save(tmp_path):
     assert run_module(args + ["--resume"]).returncode == 0
     parts = [part for part in checkpoints.iterdir() if part.is_dir()]
     kept = {part.name: sorted(t.name for t in part.iterdir()) for part in parts}
-    assert kept == {"encoder": ["step00000003"], "rng": ["step00000003"]}
+    assert kept == {
+        "encoder": ["step00000003"], "rng": ["step00000003"], "manifest": ["step00000003.json"],
+    }  # fmt: skip

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pickle
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -50,7 +51,9 @@ def load_weights_only(path: Path, safe_globals: Sequence[type] = (), mmap: bool 
     archive (a raw pickle; with ``mmap``, also the pre-1.6 format), and a damaged one.
     """
     try:
-        with torch.serialization.safe_globals(list(safe_globals)):
+        with torch.serialization.safe_globals(list(safe_globals)), warnings.catch_warnings():
+            # A raw pickle draws a warning about its protocol before the refusal: noise.
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
