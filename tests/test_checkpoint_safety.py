@@ -192,3 +192,16 @@ def test_disk_full_during_a_save_removes_it_and_keeps_the_previous_one(tmp_path)
     done = run_module(args + ["--resume"])
     assert done.returncode == 0, done.stderr[-2000:]
     assert (checkpoints / "latest").read_text().strip() == "step00000004"
+
+
+def test_pretrained_run_with_a_damaged_newest_checkpoint_is_one_sentence(saved, tmp_path):
+    from advpt.training.consolidate import load_encoder
+
+    run_dir = Path(shutil.copytree(saved.run_dir, tmp_path / "run"))
+    assert load_encoder(run_dir).cfg.hidden_size == 32
+    _truncate(run_dir / "checkpoints" / "encoder" / "step00000003" / MODEL_FILE)
+    with pytest.raises(CheckpointError) as caught:
+        load_encoder(run_dir)
+    message = str(caught.value)
+    assert message.startswith(f"the newest checkpoint in {run_dir / 'checkpoints'}, step00000003")
+    assert "bytes, not the" in message

@@ -334,8 +334,8 @@ def _check_model(where: str, manifest: dict[str, Any], engines: Engines, arch: d
         )
 
 
-def _check_files(root: Path, tag: str, manifest: dict[str, Any]) -> None:
-    """Every file present at its recorded size; this rank's share of them loadable."""
+def _check_sizes(root: Path, manifest: dict[str, Any]) -> list[str]:
+    """Every file of the manifest present at its recorded size; their names, sorted."""
     files = sorted(manifest["files"].items())
     for name, size in files:
         path = root / name
@@ -343,7 +343,13 @@ def _check_files(root: Path, tag: str, manifest: dict[str, Any]) -> None:
             raise _Damaged(f"{path} is missing")
         if path.stat().st_size != size:
             raise _Damaged(f"{path} has {path.stat().st_size:,} bytes, not the {size:,} written")
-    share = [root / name for name, _ in files[ranks.rank() :: ranks.world_size()]]
+    return [name for name, _ in files]
+
+
+def _check_files(root: Path, tag: str, manifest: dict[str, Any]) -> None:
+    """Every file present at its recorded size; this rank's share of them loadable."""
+    files = _check_sizes(root, manifest)
+    share = [root / name for name in files[ranks.rank() :: ranks.world_size()]]
     for path in share:
         if path.suffix == ".pt":
             try:
@@ -352,6 +358,21 @@ def _check_files(root: Path, tag: str, manifest: dict[str, Any]) -> None:
                 raise _Damaged(str(err)) from None
     if not (root / RNG / tag / f"rank{ranks.rank()}.pt").is_file():
         raise _Damaged(f"it has no RNG state for rank {ranks.rank()}")
+
+
+def complete_latest(root: Path) -> str:
+    """The tag ``latest`` names, every file of it present as written: for reading a run's
+    weights (``advpt.training.consolidate``), which takes no other checkpoint in its place."""
+    tag = latest_tag(root)
+    if not tag:
+        raise CheckpointError(f"{root} has no complete checkpoint ({root / 'latest'} is missing)")
+    try:
+        _check_sizes(root, _read_manifest(root, tag))
+    except _Damaged as err:
+        raise CheckpointError(
+            f"the newest checkpoint in {root}, {tag}, is damaged: {err}"
+        ) from None
+    return tag
 
 
 def _candidates(root: Path, latest: str | None) -> list[str]:
