@@ -262,3 +262,13 @@ def test_run_directory_that_cannot_be_created_is_one_sentence(tmp_path, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == f"advpt: error: cannot write {run_dir}: Not a directory"
     assert "Traceback" not in "\n".join(err)
+
+
+def test_an_error_of_one_rank_is_printed_by_that_rank(capsys, monkeypatch):
+    from advpt.errors import report
+
+    monkeypatch.setenv("RANK", "1")
+    assert report(DataError("cannot read x.fasta: I/O error"), 2, debug=False) == 2
+    assert capsys.readouterr().err == ""  # every rank has it: rank 0 prints it
+    report(DataError("cannot read x.fasta: I/O error"), 2, debug=False, this_rank_only=True)
+    assert capsys.readouterr().err == "advpt: error (rank 1): cannot read x.fasta: I/O error\n"

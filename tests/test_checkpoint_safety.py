@@ -193,6 +193,14 @@ def test_disk_full_during_a_save_removes_it_and_keeps_the_previous_one(tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (checkpoints / "latest").read_text().strip() == "step00000004"
 
+    config = (run_dir / "config.json").read_text()
+    other = run_module(args + ["--resume", "--max_steps", "6", "--encoder", "small"])
+    assert other.returncode == 2 and "Traceback" not in other.stderr
+    assert "written for another model than this run configures (encoder 'tiny' there, 'small' " in (
+        other.stderr
+    )
+    assert (run_dir / "config.json").read_text() == config  # the run's own settings stay
+
 
 def test_pretrained_run_with_a_damaged_newest_checkpoint_is_one_sentence(saved, tmp_path):
     from advpt.training.consolidate import load_encoder
