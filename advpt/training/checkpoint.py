@@ -195,10 +195,10 @@ def _write_manifest(root: Path, tag: str, architecture: dict[str, Any], engines:
         "shapes": _shapes(engines),
         "files": files,
     }
-    _replace(root / MANIFEST / f"{tag}.json", json.dumps(manifest, indent=1) + "\n")
+    write_atomically(root / MANIFEST / f"{tag}.json", json.dumps(manifest, indent=1) + "\n")
 
 
-def _replace(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
     """Write ``path`` atomically: readers see the old content or the whole new one."""
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -255,7 +255,7 @@ def save_checkpoint(
     if rank == 0:
         try:
             _write_manifest(root, tag, architecture, engines)
-            _replace(root / "latest", tag + "\n")
+            write_atomically(root / "latest", tag + "\n")
         except OSError as err:
             failure = _Failure("marking it complete failed", err)
     _agree(root, tag, failure, previous)
@@ -432,7 +432,7 @@ def _warn_fallback(root: Path, tag: str, problem: str | None, passed_over: list[
         )  # fmt: skip
         # Not fatal if it fails: the next save replaces it (and the damaged tag) all the same.
         with contextlib.suppress(OSError):
-            _replace(root / "latest", tag + "\n")
+            write_atomically(root / "latest", tag + "\n")
 
 
 def load_checkpoint(root: Path, tag: str, engines: Engines) -> dict[str, Any]:

@@ -118,11 +118,9 @@ class Trainer:
         if not self.is_main:
             return
         path = self.run_dir / "config.json"
-        tmp = path.with_name(path.name + ".tmp")
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
-            tmp.replace(path)
+            checkpoint.write_atomically(path, json.dumps(self.config.to_dict(), indent=2) + "\n")
         except OSError as err:
             raise cannot_write(err, path) from err
 
