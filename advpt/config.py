@@ -55,6 +55,8 @@ VARIANTS: dict[str, list[str]] = {
 """The training variants that the throughput benchmark and the masking study compare: flags
 added to a run's own. ``alternating`` is the paper's method, ``random`` its baseline."""
 
+DEBUG_HELP = "on an error, show its traceback, not only its one sentence"
+
 
 # ----------------------------------------------------------------------------- pre-training
 
@@ -230,6 +232,17 @@ class TrainConfig:
             (s.encoder_steps > 0, "encoder_steps must be positive"),
             (s.batch_growth_factor >= 1, "batch_growth_factor must be >= 1"),
             (r.log_every > 0, "log_every must be positive"),
+            (r.checkpoint_every > 0, "checkpoint_every must be positive"),
+            (r.keep_checkpoints >= 1,
+             "keep_checkpoints must be at least 1 (the newest checkpoint is always kept)"),
+            (r.eval_every >= 0, "eval_every must be >= 0"),
+            (r.eval_batches >= 0, "eval_batches must be >= 0"),
+            (r.stop_after_steps >= 0, "stop_after_steps must be >= 0"),
+            (r.max_skipped_in_a_row >= 1, "max_skipped_in_a_row must be at least 1"),
+            (d.bucket_batches >= 1, "bucket_batches must be at least 1"),
+            (d.num_workers >= 0, "num_workers must be >= 0"),
+            (s.warmup_steps >= 0, "warmup_steps must be >= 0"),
+            (0.0 <= s.batch_growth_at <= 1.0, "batch_growth_at must be in [0, 1]"),
             (self.model.activation_checkpointing >= 0, "activation_checkpointing must be >= 0"),
         ])  # fmt: skip
 
@@ -465,6 +478,7 @@ def build_parser(root: type) -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", help="JSON or YAML run file of these settings (flags win)")
     parser.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     hints = typing.get_type_hints(root)
     groups: dict[str, Any] = {"": parser}
     for setting in _settings(root).values():
@@ -525,7 +539,7 @@ def parse(root: type, argv: list[str] | None = None) -> Any:
     flags = {
         name: value
         for name, value in vars(args).items()
-        if value is not None and name not in ("config", "local_rank")
+        if value is not None and name not in ("config", "local_rank", "debug")
     }
     _apply(config, flags, "command line")
     config.validate()

@@ -17,7 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from advpt.errors import CheckpointError
+from advpt.config import DEBUG_HELP
+from advpt.errors import EXIT_BAD_INPUT, CheckpointError, OutputError, cannot_write, report
 from advpt.models.pretrained import CONFIG_FILE, save_export, save_tape
 from advpt.training.consolidate import load_encoder
 
@@ -25,20 +26,26 @@ WRITERS = {"advpt": save_export, "tape": save_tape}
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit code 0, or 2 with one sentence: a source it cannot read, an output it cannot write."""
     parser = argparse.ArgumentParser(description="Export a pre-trained advpt or TAPE encoder.")
     parser.add_argument("source", help="advpt run directory, advpt export or TAPE directory")
     parser.add_argument("out_dir", help="directory to write (must not hold an encoder yet)")
     parser.add_argument("--format", choices=sorted(WRITERS), default="advpt")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
     out_dir = Path(args.out_dir)
     try:
+        if out_dir.exists() and not out_dir.is_dir():
+            raise OutputError(f"{out_dir} is a file, not a directory; choose another OUT_DIR")
         if (out_dir / CONFIG_FILE).exists():
-            raise CheckpointError(f"{out_dir} already holds {CONFIG_FILE}; choose another OUT_DIR")
+            raise OutputError(f"{out_dir} already holds {CONFIG_FILE}; choose another OUT_DIR")
         encoder = load_encoder(args.source)
-    except CheckpointError as exc:
-        print(f"advpt: error: {exc}", file=sys.stderr)
-        return 2
-    WRITERS[args.format](encoder, out_dir)
+        try:
+            WRITERS[args.format](encoder, out_dir)
+        except OSError as err:
+            raise cannot_write(err, out_dir) from err
+    except (CheckpointError, OutputError) as exc:
+        return report(exc, EXIT_BAD_INPUT, args.debug)
     size = sum(p.numel() for p in encoder.parameters())
     print(f"wrote the {args.format} encoder ({size:,} parameters) to {out_dir}")
     return 0

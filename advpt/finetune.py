@@ -39,7 +39,16 @@ from tqdm import tqdm  # noqa: E402
 from advpt.config import FinetuneConfig, parse_finetune_config  # noqa: E402
 from advpt.data.batching import LengthBucketedBatches  # noqa: E402
 from advpt.data.tape_tasks import TaskSplit, collate, read_split  # noqa: E402
-from advpt.errors import CheckpointError, ConfigError, DataError  # noqa: E402
+from advpt.errors import (  # noqa: E402
+    EXIT_BAD_INPUT,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    OutputError,
+    cannot_write,
+    debug_requested,
+    report,
+)
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, ProteinEncoder  # noqa: E402
 from advpt.models.heads import HeadConfig, TaskModel  # noqa: E402
 from advpt.models.pretrained import save_task_model  # noqa: E402
@@ -285,15 +294,21 @@ def run_finetune(config: FinetuneConfig, device: torch.device) -> dict[str, Any]
     finetuner = Finetuner(config, device)
     run_dir = Path(config.run_dir)
     if finetuner.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
-        (run_dir / "ds_config.json").write_text(json.dumps(finetuner.ds_config, indent=2))
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
+            (run_dir / "ds_config.json").write_text(json.dumps(finetuner.ds_config, indent=2))
+        except OSError as err:
+            raise cannot_write(err, run_dir) from err
     results = finetuner.train()
     if finetuner.is_main:
-        if config.save_model:
-            task = {"task": results["task"], "label": results["label"]}
-            save_task_model(finetuner.engine.module, run_dir / MODEL_DIR, task)
-        (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        try:
+            if config.save_model:
+                task = {"task": results["task"], "label": results["label"]}
+                save_task_model(finetuner.engine.module, run_dir / MODEL_DIR, task)
+            (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        except OSError as err:
+            raise cannot_write(err, run_dir) from err
     return results
 
 
@@ -306,17 +321,21 @@ def _summary(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit code 0, or 2 with one sentence naming the input, setting or file that failed."""
+    debug = debug_requested(argv)
     try:
         config = parse_finetune_config(argv)
-        if (Path(config.run_dir) / "results.json").exists():
+        run_dir = Path(config.run_dir)
+        if run_dir.exists() and not run_dir.is_dir():
+            raise ConfigError(f"--run_dir {run_dir} is a file, not a directory")
+        if (run_dir / "results.json").exists():
             raise ConfigError(
                 f"run directory {config.run_dir} already holds results; choose another --run_dir"
             )
         device = init_distributed()
         results = run_finetune(config, device)
-    except (ConfigError, DataError, CheckpointError) as exc:
-        print(f"advpt: error: {exc}", file=sys.stderr)
-        return 2
+    except (ConfigError, DataError, CheckpointError, OutputError) as exc:
+        return report(exc, EXIT_BAD_INPUT, debug)
     if dist.get_rank() == 0:
         print(_summary(results))
         print(f"results:         {Path(config.run_dir) / 'results.json'}")

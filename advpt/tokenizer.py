@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from advpt.errors import shorten
+
 SPECIAL_TOKENS = ("<pad>", "<mask>", "<cls>", "<sep>", "<unk>")
 RESIDUES = "ABCDEFGHIKLMNOPQRSTUVWXYZ"
 VOCAB = SPECIAL_TOKENS + tuple(RESIDUES)
@@ -40,8 +42,8 @@ def _lookup(sequence: str, record: str, unknown_to_unk: bool) -> np.ndarray:
         if not unknown_to_unk:
             pos = int(bad[0])
             raise TokenizationError(
-                f"record {record!r} has invalid residue {sequence[pos]!r} at position {pos + 1}"
-                " (use unknown_to_unk / --unknown_to_unk to map such characters to <unk>)"
+                f"record {shorten(record)} has invalid residue {sequence[pos]!r} at position "
+                f"{pos + 1} (use unknown_to_unk / --unknown_to_unk to map such characters to <unk>)"
             )
         ids[bad] = UNK_ID
     return ids

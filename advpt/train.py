@@ -6,7 +6,6 @@ Also runs as one process without the launcher: ``python -m advpt.train ...``. Se
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -16,50 +15,82 @@ if __package__ in (None, ""):
 
 import torch.distributed as dist  # noqa: E402
 
-from advpt.config import parse_config  # noqa: E402
-from advpt.errors import CheckpointError, ConfigError, DataError  # noqa: E402
+from advpt.config import TrainConfig, parse_config  # noqa: E402
+from advpt.errors import (  # noqa: E402
+    EXIT_BAD_INPUT,
+    EXIT_NUMERICAL,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    OutputError,
+    debug_requested,
+    report,
+)
 from advpt.training.build import build_trainer, init_distributed  # noqa: E402
-from advpt.training.trainer import NonFiniteError  # noqa: E402
+from advpt.training.checkpoint import checkpoint_tag  # noqa: E402
+from advpt.training.preemption import EXIT_STOPPED, StopSignals  # noqa: E402
+from advpt.training.trainer import NonFiniteError, Trainer  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        config = parse_config(argv)
-        latest = Path(config.run.run_dir) / "checkpoints" / "latest"
-        if latest.exists() and not config.run.resume:
-            raise ConfigError(
-                f"run directory {config.run.run_dir} already holds a run; pass --resume to "
-                "continue it or choose another --run_dir"
-            )
-        device = init_distributed()
-        trainer = build_trainer(config, device)
-    except (ConfigError, DataError) as exc:
-        print(f"advpt: error: {exc}", file=sys.stderr)
-        return 2
+    """Train; the exit code says how it ended (README, "Resuming, bad records and data safety").
+
+    0: finished. 2: bad input, configuration, files or file system (one sentence says which).
+    3: stopped on non-finite steps. 75: stopped by SIGTERM/SIGUSR1 after saving a checkpoint.
+    """
+    debug = debug_requested(argv)
+    with StopSignals() as stop_signals:
+        try:
+            config = parse_config(argv)
+            _check_run_dir(config)
+            device = init_distributed()
+            trainer = build_trainer(config, device, stop_signals)
+        except (ConfigError, DataError, CheckpointError) as exc:
+            return report(exc, EXIT_BAD_INPUT, debug)
+        try:
+            final = trainer.train()
+        except DataError as exc:  # this rank's share of the data turned unreadable mid-run
+            return report(exc, EXIT_BAD_INPUT, debug, this_rank_only=True)
+        except (ConfigError, CheckpointError, OutputError) as exc:
+            return report(exc, EXIT_BAD_INPUT, debug)
+        except NonFiniteError as exc:
+            return report(exc, EXIT_NUMERICAL, debug)
+        if trainer.is_main:
+            _print_summary(trainer, final)
+        # Every rank leaves together: the launcher ends the others when one exits.
+        dist.barrier()
+        dist.destroy_process_group()
+        return EXIT_STOPPED if trainer.stopped_by else 0
+
+
+def _check_run_dir(config: TrainConfig) -> None:
+    """Refuse an unusable run directory before anything is built."""
     run_dir = Path(config.run.run_dir)
-    if trainer.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = run_dir / "config.json.tmp"
-        tmp.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-        tmp.replace(run_dir / "config.json")
-    try:
-        final = trainer.train()
-    except (NonFiniteError, CheckpointError) as exc:
-        print(f"advpt: error: {exc}", file=sys.stderr)
-        return 3
-    if trainer.is_main:
-        print(f"\nrun directory:   {run_dir}")
-        print(f"checkpoints:     {run_dir / 'checkpoints'}")
-        print(f"metrics:         {run_dir / 'metrics.jsonl'}")
-        print(f"tensorboard:     tensorboard --logdir {run_dir / 'tensorboard'}")
-        if "val_loss" in final:
-            print(
-                f"validation:      loss {final['val_loss']:.4f}, "
-                f"accuracy {final['val_accuracy']:.4f}"
-            )
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--run_dir {run_dir} is a file, not a directory")
+    if (run_dir / "checkpoints" / "latest").exists() and not config.run.resume:
+        raise ConfigError(
+            f"run directory {run_dir} already holds a run; pass --resume to continue it or "
+            "choose another --run_dir"
+        )
+
+
+def _print_summary(trainer: Trainer, final: dict) -> None:
+    run_dir = trainer.run_dir
+    if trainer.stopped_by:
+        tag = checkpoint_tag(trainer.counters.step)
+        print(
+            f"\nstopped by {trainer.stopped_by} after step {trainer.counters.step}; checkpoint "
+            f"{tag} is saved: continue with --resume (exit code {EXIT_STOPPED})"
+        )
+    print(f"\nrun directory:   {run_dir}")
+    print(f"checkpoints:     {run_dir / 'checkpoints'}")
+    print(f"metrics:         {run_dir / 'metrics.jsonl'}")
+    print(f"tensorboard:     tensorboard --logdir {run_dir / 'tensorboard'}")
+    if "val_loss" in final:
+        print(
+            f"validation:      loss {final['val_loss']:.4f}, accuracy {final['val_accuracy']:.4f}"
+        )
 
 
 if __name__ == "__main__":

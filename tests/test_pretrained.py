@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -124,9 +125,17 @@ def test_export_round_trips_to_identical_outputs_without_deepspeed(tmp_path, dis
     assert export_main([str(run_dir), str(out)]) == 2  # never overwrites
     assert "already holds config.json" in capsys.readouterr().err
 
-    # a crafted checkpoint is refused before anything in it is unpickled
-    states = next((run_dir / "checkpoints" / "encoder").glob("*/mp_rank_00_model_states.pt"))
+    # a crafted checkpoint is refused before anything in it is unpickled, even with the
+    # manifest forged to its size
+    checkpoints = run_dir / "checkpoints"
+    states = next((checkpoints / "encoder").glob("*/mp_rank_00_model_states.pt"))
     torch.save({"module": {}, "payload": Crafted()}, states)
+    with pytest.raises(CheckpointError, match="mp_rank_00_model_states.pt has .* bytes, not the"):
+        load_encoder(run_dir)
+    manifest = checkpoints / "manifest" / f"{states.parent.name}.json"
+    content = json.loads(manifest.read_text())
+    content["files"][str(states.relative_to(checkpoints))] = states.stat().st_size
+    manifest.write_text(json.dumps(content))
     with pytest.raises(CheckpointError, match="holds more than tensors and plain data"):
         load_encoder(run_dir)
 

@@ -23,9 +23,11 @@ from advpt.data.readers import (
     Record,
     TapeLMDB,
     iter_fasta,
+    read_error,
     read_tape_json,
     scan_fasta,
 )
+from advpt.errors import shorten
 from advpt.tokenizer import TokenizationError, count_residues, encode
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,7 @@ def _token_length(path: Path, record: Record, unknown_to_unk: bool) -> int:
     except TokenizationError as err:
         raise DataError(f"{path}: {err}") from None
     if residues == 0:
-        raise DataError(f"{path}: record {record.name!r} has no sequence")
+        raise DataError(f"{path}: record {shorten(record.name)} has no sequence")
     return residues + 2
 
 
@@ -100,9 +102,12 @@ class _IndexedFasta:
         return len(self.starts)
 
     def __getitem__(self, index: int) -> str:
-        with open(self.path, "rb") as handle:
-            handle.seek(self.starts[index])
-            raw = handle.read(self.stops[index] - self.starts[index])
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.starts[index])
+                raw = handle.read(self.stops[index] - self.starts[index])
+        except OSError as err:
+            raise read_error(self.path, err) from err
         return b"".join(raw.split()).decode("latin-1")
 
 

@@ -12,6 +12,8 @@ import io
 import json
 import os
 import pickle
+import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,7 @@ from typing import Any, BinaryIO
 import lmdb
 import numpy as np
 
-from advpt.errors import DataError
+from advpt.errors import DataError, first_line
 
 
 @dataclass(frozen=True)
@@ -34,9 +36,25 @@ class Record:
 # ----------------------------------------------------------------------------- FASTA
 
 
+def read_error(path: Path, err: OSError | EOFError | zlib.error) -> DataError:
+    """One sentence for a file that could not be read or decompressed."""
+    if isinstance(err, gzip.BadGzipFile) and str(err).startswith("Not a gzipped file"):
+        reason = "it is not a gzip file, although its name ends in .gz"
+    elif isinstance(err, (gzip.BadGzipFile, zlib.error)):
+        reason = f"the compressed data is corrupt ({err})"
+    elif isinstance(err, EOFError):
+        reason = "the compressed data ends early (a truncated download or copy?)"
+    else:
+        reason = err.strerror or str(err)
+    return DataError(f"cannot read {path}: {reason}")
+
+
 def _open_binary(path: Path) -> BinaryIO:
     """Open ``path`` for byte-wise reading, decompressing it on the fly when it ends in ``.gz``."""
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    try:
+        return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    except OSError as err:
+        raise read_error(path, err) from err
 
 
 def _finish_record(lines: list[bytes], name: str) -> Record:
@@ -45,33 +63,75 @@ def _finish_record(lines: list[bytes], name: str) -> Record:
     return Record(name, b"".join(lines).decode("latin-1"))
 
 
+_UTF8_BOM = b"\xef\xbb\xbf"
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+# One line and its ending: \n, \r\n or a lone \r (classic Mac OS), or a last line without one.
+_ANY_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")
+
+
+def _skip_byte_order_mark(path: Path, handle: BinaryIO) -> int:
+    """Pass over a UTF-8 byte-order mark; return the bytes skipped. UTF-16 text is refused."""
+    head = handle.read(len(_UTF8_BOM))
+    if head == _UTF8_BOM:
+        return len(head)
+    if head.startswith(_UTF16_BOMS):
+        raise DataError(f"{path} is UTF-16 text; FASTA files must be ASCII or UTF-8")
+    handle.seek(0)
+    return 0
+
+
+def _lines(handle: BinaryIO) -> Iterator[bytes]:
+    """The lines of ``handle`` with their endings kept, so that their lengths add up to offsets.
+
+    Lines may end in ``\n``, ``\r\n`` or a lone ``\r``. Only a line holding a lone ``\r`` is
+    split in Python; every other line costs one ``find``. (A file with only ``\r`` endings is
+    read as one line and then split: such files come from old Macs and are small.)
+    """
+    for line in handle:
+        cr = line.find(b"\r")
+        if cr == -1 or (cr == len(line) - 2 and line.endswith(b"\n")):
+            yield line
+        else:
+            yield from _ANY_LINE.findall(line)
+
+
 def scan_fasta(path: str | os.PathLike) -> Iterator[tuple[Record, int, int]]:
     """Stream ``(record, start, stop)`` from a FASTA file, one line at a time.
 
     ``start:stop`` is the byte range (in the decompressed stream for ``.gz``) from the record's
     first sequence line up to its next header, so a plain file can later be read back one record
-    at a time by seeking. Only the current record is held in memory. CRLF line endings, blank
-    lines and whitespace inside sequence lines are tolerated.
+    at a time by seeking. Only the current record is held in memory. CRLF and lone CR line
+    endings, a UTF-8 byte-order mark, blank lines and whitespace inside sequence lines are
+    tolerated. A file that cannot be read or decompressed (a truncated ``.gz``, one that is not
+    gzip at all) raises ``DataError`` naming it.
     """
     path = Path(path)
     name: str | None = None
-    start = offset = 0
+    start = 0
     lines: list[bytes] = []
     with _open_binary(path) as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if line.startswith(b">"):
-                if name is not None:
-                    yield _finish_record(lines, name), start, offset
-                words = line[1:].split()
-                if not words:
-                    raise DataError(f"{path}, line {line_no}: the '>' header has no record name")
-                name, lines = words[0].decode("utf-8", "replace"), []
-                start = offset + len(line)
-            elif line.strip():
-                if name is None:
-                    raise DataError(f"{path}, line {line_no}: sequence line before any '>' header")
-                lines.append(b"".join(line.split()))
-            offset += len(line)
+        try:
+            offset = _skip_byte_order_mark(path, handle)
+            for line_no, line in enumerate(_lines(handle), start=1):
+                if line.startswith(b">"):
+                    if name is not None:
+                        yield _finish_record(lines, name), start, offset
+                    words = line[1:].split()
+                    if not words:
+                        raise DataError(
+                            f"{path}, line {line_no}: the '>' header has no record name"
+                        )
+                    name, lines = words[0].decode("utf-8", "replace"), []
+                    start = offset + len(line)
+                elif line.strip():
+                    if name is None:
+                        raise DataError(
+                            f"{path}, line {line_no}: sequence line before any '>' header"
+                        )
+                    lines.append(b"".join(line.split()))
+                offset += len(line)
+        except (OSError, EOFError, zlib.error) as err:
+            raise read_error(path, err) from err
     if name is not None:
         yield _finish_record(lines, name), start, offset
 
@@ -110,8 +170,8 @@ class _RestrictedUnpickler(pickle.Unpickler):
         if (module, name) in _ALLOWED_GLOBALS:
             return super().find_class(module, name)
         raise DataError(
-            f"refusing to unpickle {module}.{name} from {self.where}: TAPE data may hold only "
-            "builtin types and numpy arrays"
+            f"refusing to unpickle {first_line(f'{module}.{name}', 100)} from {self.where}: "
+            "TAPE data may hold only builtin types and numpy arrays"
         )
 
 
@@ -169,8 +229,11 @@ class TapeLMDB:
     def _load(self, key: bytes) -> Any:
         """Fetch and safely unpickle the value stored under ``key``."""
         where = f"LMDB {self.path} key {key.decode()!r}"
-        with _open_environment(self.path).begin() as txn:
-            data = txn.get(key)
+        try:
+            with _open_environment(self.path).begin() as txn:
+                data = txn.get(key)
+        except lmdb.Error as err:
+            raise DataError(f"cannot read {where}: {err}") from err
         if data is None:
             raise DataError(f"{where} is missing")
         try:
@@ -178,7 +241,7 @@ class TapeLMDB:
         except DataError:
             raise
         except Exception as err:
-            raise DataError(f"{where} holds an unreadable pickle ({err})") from err
+            raise DataError(f"{where} holds an unreadable pickle ({first_line(err)})") from err
 
     def __len__(self) -> int:
         return self._length
@@ -198,6 +261,8 @@ def read_tape_json(path: str | os.PathLike) -> list[dict[str, Any]]:
     try:
         with open(path, encoding="utf-8") as handle:
             records = json.load(handle)
+    except OSError as err:
+        raise read_error(path, err) from err
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"{path} is not valid JSON ({err})") from err
     if not isinstance(records, list):

@@ -9,6 +9,7 @@ and DataLoader workers can prefetch ahead without changing what the trainer sees
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 
 import torch
@@ -17,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from advpt.data.batching import LengthBucketedBatches
 from advpt.data.collate import Batch, MaskingCollator
 from advpt.data.dataset import CroppedView
+from advpt.errors import DataError
 
 
 class MicroBatches(Dataset):
@@ -49,19 +51,49 @@ def _identity(batch: Batch) -> Batch:
     return batch
 
 
-def stream_loader(micro_batches: MicroBatches, start: int, num_workers: int) -> DataLoader:
-    """Endless loader from micro-batch ``start`` on; ``num_workers`` processes prefetch."""
-    return DataLoader(
-        micro_batches,
+class _HandBackDataErrors(Dataset):
+    """``micro_batches[g]``, or the ``DataError`` raised making it, handed back as the result.
+
+    A DataLoader re-raises a worker's exception with the worker's traceback folded into its
+    message; handed back as a value, it is raised in the main process as the one sentence it is.
+    """
+
+    def __init__(self, micro_batches: MicroBatches):
+        self.micro_batches = micro_batches
+
+    def __len__(self) -> int:
+        raise TypeError("the training stream is endless")
+
+    def __getitem__(self, number: int) -> Batch | DataError:
+        try:
+            return self.micro_batches[number]
+        except DataError as err:
+            return err
+
+
+def stream_loader(
+    micro_batches: MicroBatches,
+    start: int,
+    num_workers: int,
+    worker_init_fn: Callable[[int], None] | None = None,
+) -> Iterator[Batch]:
+    """Endless micro-batches from number ``start`` on; ``num_workers`` processes prefetch."""
+    loader = DataLoader(
+        _HandBackDataErrors(micro_batches),
         batch_size=None,
         sampler=itertools.count(start),
         collate_fn=_identity,
         num_workers=num_workers,
         persistent_workers=False,
+        worker_init_fn=worker_init_fn,
         # A private generator: the loader must not draw from the global RNG, which a resumed
         # run restores from its checkpoint (dropout and Gumbel noise use it).
         generator=torch.Generator(),
     )
+    for batch in loader:
+        if isinstance(batch, DataError):
+            raise batch
+        yield batch
 
 
 def validation_batches(

@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from advpt.errors import CheckpointError
+from advpt.errors import CheckpointError, first_line
 from advpt.models.encoder import EncoderConfig, ProteinEncoder
 from advpt.models.heads import HeadConfig, TaskModel
 
@@ -39,11 +43,53 @@ State = dict[str, torch.Tensor]
 ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
 
+def load_weights_only(path: Path, safe_globals: Sequence[type] = (), mmap: bool = True) -> Any:
+    """``torch.load`` that admits tensors and plain data only; any other file is one sentence.
+
+    Refused, each as a ``CheckpointError`` naming ``path``: a file needing classes beyond
+    ``safe_globals`` (unpickled in full, a crafted one runs code), one that is not a PyTorch
+    archive (a raw pickle; with ``mmap``, also the pre-1.6 format), and a damaged one.
+    """
+    try:
+        with torch.serialization.safe_globals(list(safe_globals)), warnings.catch_warnings():
+            # A raw pickle draws a warning about its protocol before the refusal: noise.
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        reason = next((line for line in lines if "Unsupported" in line), lines[0] if lines else "")
+        raise CheckpointError(
+            f"{path} holds more than tensors and plain data, so advpt will not unpickle it "
+            f"({first_line(reason)})"
+        ) from err
+    except RuntimeError as err:
+        if "mmap can only be used" in str(err):
+            raise CheckpointError(
+                f"{path} is not a PyTorch checkpoint archive (a raw pickle, an old format or a "
+                "damaged file)"
+            ) from err
+        raise CheckpointError(f"{path} is damaged ({first_line(err)})") from err
+    except (OSError, EOFError) as err:
+        reason = getattr(err, "strerror", None) or first_line(err) or "it is empty or truncated"
+        raise CheckpointError(f"cannot read {path}: {reason}") from err
+
+
+def _load_safetensors(path: Path) -> State:
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file ({first_line(err)})"
+        ) from None
+
+
 def read_json(path: Path) -> dict[str, Any]:
     try:
         content = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"cannot read {path}: {err}") from None
+    except OSError as err:
+        raise CheckpointError(f"cannot read {path}: {err.strerror or err}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path} is not valid JSON ({first_line(err)})") from None
     if not isinstance(content, dict):
         raise CheckpointError(f"{path} must hold a JSON object")
     return content
@@ -98,7 +144,7 @@ def load_export(export_dir: str | Path) -> ProteinEncoder:
     """An encoder written by :func:`save_export`; needs torch and safetensors only."""
     root = Path(export_dir)
     _, cfg = _read_weights_config(root, EXPORT_FORMAT, "encoder export")
-    return build_encoder(cfg, load_file(str(root / EXPORT_WEIGHTS)), root / EXPORT_WEIGHTS)
+    return build_encoder(cfg, _load_safetensors(root / EXPORT_WEIGHTS), root / EXPORT_WEIGHTS)
 
 
 def save_task_model(model: TaskModel, out_dir: Path, task: dict[str, Any]) -> None:
@@ -124,7 +170,7 @@ def load_task_model(model_dir: str | Path) -> TaskModel:
         )
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"{root / CONFIG_FILE}: bad task settings ({err})") from None
-    return _load_into(model, load_file(str(root / EXPORT_WEIGHTS)), root / EXPORT_WEIGHTS)
+    return _load_into(model, _load_safetensors(root / EXPORT_WEIGHTS), root / EXPORT_WEIGHTS)
 
 
 # ----------------------------------------------------------------------------- TAPE
@@ -183,10 +229,10 @@ def load_tape(tape_dir: str | Path) -> ProteinEncoder:
     root = Path(tape_dir)
     cfg = _encoder_config_from_tape(read_json(root / CONFIG_FILE), root / CONFIG_FILE)
     weights = root / TAPE_WEIGHTS
-    try:
-        tape = torch.load(weights, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise CheckpointError(f"cannot read TAPE weights {weights}: {err}") from None
+    # TAPE's own files predate PyTorch's zip format, which memory-mapping needs.
+    tape = load_weights_only(weights, mmap=False)
+    if not isinstance(tape, dict):
+        raise CheckpointError(f"TAPE weights {weights} hold a {type(tape).__name__}, not a dict")
     tape = {k.removeprefix("bert."): v for k, v in tape.items()}
 
     def get(name: str) -> torch.Tensor:

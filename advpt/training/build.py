@@ -25,6 +25,7 @@ from advpt.data.stream import MicroBatches, validation_batches
 from advpt.errors import ConfigError
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
 from advpt.training.engines import build_engine, load_ds_config
+from advpt.training.preemption import StopSignals
 from advpt.training.schedule import noiser_lr_steps
 from advpt.training.trainer import Trainer
 
@@ -54,7 +55,9 @@ def init_distributed() -> torch.device:
     return torch.device(accelerator.device_name(local_rank))
 
 
-def build_trainer(config: TrainConfig, device: torch.device) -> Trainer:
+def build_trainer(
+    config: TrainConfig, device: torch.device, stop_signals: StopSignals | None = None
+) -> Trainer:
     """Data, models and engines for ``config``."""
     rank, world = dist.get_rank(), dist.get_world_size()
     board_dir = Path(config.run.run_dir) / "tensorboard"
@@ -71,7 +74,7 @@ def build_trainer(config: TrainConfig, device: torch.device) -> Trainer:
 
     stream, validation = build_data(config, micro_batch, rank, world)
     encoder, noiser = build_engines(config, encoder_ds, noiser_ds)
-    return Trainer(config, encoder, noiser, stream, validation, device)
+    return Trainer(config, encoder, noiser, stream, validation, device, stop_signals)
 
 
 def build_data(

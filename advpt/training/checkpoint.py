@@ -2,52 +2,77 @@
 
 Layout under ``<run_dir>/checkpoints/``::
 
-    encoder/<tag>/...   DeepSpeed checkpoint of the encoder engine (client_state: trainer state)
-    noiser/<tag>/...    DeepSpeed checkpoint of the noiser engine
-    rng/<tag>/rank<r>.pt  each rank's torch RNG states (dropout, Gumbel noise)
-    latest              the tag of the newest *complete* checkpoint
+    encoder/<tag>/...       DeepSpeed checkpoint of the encoder engine (client_state: trainer state)
+    noiser/<tag>/...        DeepSpeed checkpoint of the noiser engine
+    rng/<tag>/rank<r>.pt    each rank's torch RNG states (dropout, Gumbel noise)
+    manifest/<tag>.json     every file of the checkpoint with its size, the model settings and
+                            each parameter's shape; written once every rank has written its part
+    latest                  the tag of the newest *complete* checkpoint
 
-``latest`` is replaced atomically only after every rank has finished writing, so a save that was
-interrupted is never taken for a complete one. DeepSpeed's own per-engine ``latest`` files are
-not written.
+A tag is ``step<N>``, N the optimizer steps of both engines so far (the ``step`` of
+metrics.jsonl), so every save has a tag of its own and none overwrites a complete one.
 
-DeepSpeed unpickles its checkpoint files with ``weights_only=False``, which would run any code a
-crafted file carries. Every file of a checkpoint is therefore first opened with PyTorch's
-``weights_only`` loader (tensors and plain containers, plus the few plain-data classes
-DeepSpeed's optimizer states contain), and a file that needs anything else is refused before
-DeepSpeed sees it.
+Saving. Every rank writes its part. A write that fails (disk full, permissions) is noted, not
+raised on the spot, so that every rank still makes the collectives DeepSpeed's save makes; then
+the ranks agree on the outcome. On failure the partial checkpoint is removed and every rank
+raises one ``CheckpointError``, ``latest`` still naming the previous checkpoint. On success rank
+0 writes the manifest, replaces ``latest`` atomically, and prunes old checkpoints; the newest
+complete one is never pruned (``keep`` is at least 1). DeepSpeed's own per-engine ``latest``
+files are not written.
+
+Resuming. The newest checkpoint is validated before anything is loaded: its manifest, every
+file present at its recorded size and loadable with PyTorch's ``weights_only`` loader
+(DeepSpeed unpickles in full, which would run any code a crafted file carries; the few
+plain-data classes of DeepSpeed's optimizer states are admitted), and the model settings and
+shapes equal to the run's. A damaged checkpoint is passed over for the previous complete one
+with a warning naming the damage; a different model is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import os
-import pickle
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import deepspeed
 import torch
-import torch.distributed as dist
 from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
 from deepspeed.runtime.zero.config import ZeroStageEnum
 from deepspeed.utils.tensor_fragment import fragment_address
 
-from advpt.errors import CheckpointError
+from advpt.errors import CheckpointError, first_line, shorten
+from advpt.models.pretrained import load_weights_only
+from advpt.training import ranks
+
+logger = logging.getLogger(__name__)
 
 _TAG = re.compile(r"^step(\d+)$")
 # Plain-data classes found in DeepSpeed's ZeRO and mixed-precision optimizer states (0.19).
 _DEEPSPEED_STATE_CLASSES = [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+MANIFEST = "manifest"
+RNG = "rng"
+
+Engines = dict[str, deepspeed.DeepSpeedEngine]
 
 
-def checkpoint_tag(encoder_step: int) -> str:
-    return f"step{encoder_step:08d}"
+def checkpoint_tag(step: int) -> str:
+    return f"step{step:08d}"
 
 
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
+def latest_tag(root: Path) -> str | None:
+    """What ``root/latest`` names (None without one; '' when it is empty)."""
+    marker = root / "latest"
+    try:
+        return marker.read_text().strip() if marker.is_file() else None
+    except (OSError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"cannot read {marker}: {first_line(err)}") from None
 
 
 def _rng_state() -> dict[str, Any]:
@@ -57,31 +82,185 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
+def _shapes(engines: Engines) -> dict[str, dict[str, str]]:
+    """Each engine's parameter shapes as ``"30x32"`` (ZeRO-3's full ``ds_shape``, not the
+    local shard)."""
+    return {
+        name: {
+            param_name: "x".join(map(str, getattr(param, "ds_shape", param.shape)))
+            for param_name, param in engine.module.named_parameters()
+        }
+        for name, engine in engines.items()
+    }
+
+
+# ----------------------------------------------------------------------------- saving
+
+
+class _NotingWriter:
+    """Stands in for an engine's checkpoint writer during one save: the first failed write is
+    noted instead of raised, so that this rank still joins every collective of DeepSpeed's save
+    (a rank leaving it early would leave the others waiting in a barrier)."""
+
+    def __init__(self, writer: Any):
+        self.writer = writer
+        self.failure: _Failure | None = None
+
+    def save(self, state_dict: dict[str, Any], path: str) -> None:
+        if self.failure is not None:
+            return
+        try:
+            self.writer.save(state_dict, path)
+        except (OSError, RuntimeError) as err:
+            self.failure = _Failure.of_write(path, err)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.writer, name)
+
+
+@contextmanager
+def _noting_writes(engine: deepspeed.DeepSpeedEngine) -> Iterator[_NotingWriter]:
+    writer = _NotingWriter(engine.checkpoint_engine)
+    engine.checkpoint_engine = writer
+    try:
+        yield writer
+    finally:
+        engine.checkpoint_engine = writer.writer
+
+
+class _Failure:
+    """What failed in this rank's step of a save, and the exception that said so."""
+
+    def __init__(self, what: str, err: BaseException, reason: str | None = None):
+        self.text, self.err = f"{what}: {reason or _reason(err)}", err
+
+    @classmethod
+    def of_write(cls, path: str | Path, err: OSError | RuntimeError) -> _Failure:
+        """A failed ``torch.save``: an ``OSError``, or a ``RuntimeError`` from PyTorch's zip
+        writer, which reports a short write (full disk, quota) without its errno. Any other
+        ``RuntimeError`` is no file-system fault and is raised on."""
+        if isinstance(err, OSError):
+            return cls(f"writing {path} failed", err)
+        if "PytorchStreamWriter" in str(err) or "inline_container" in str(err):
+            reason = "it could not be written in full (a full disk, a quota or a file size limit?)"
+            return cls(f"writing {path} failed", err, reason)
+        raise err
+
+
+def _reason(err: BaseException) -> str:
+    """An exception in one short line: ``strerror`` for OS errors, else the first line."""
+    return getattr(err, "strerror", None) or first_line(err)
+
+
+def _parts(root: Path) -> list[Path]:
+    return [part for part in root.iterdir() if part.is_dir()] if root.is_dir() else []
+
+
+def _remove(root: Path, tag: str) -> None:
+    """Delete every part of checkpoint ``tag`` (its manifest first: it makes a tag complete)."""
+    (root / MANIFEST / f"{tag}.json").unlink(missing_ok=True)
+    for part in _parts(root):
+        if (part / tag).is_dir():
+            shutil.rmtree(part / tag, ignore_errors=True)
+
+
+def _agree(root: Path, tag: str, failure: _Failure | None, previous: str | None) -> None:
+    """Raise the same ``CheckpointError`` on every rank if any rank's step of the save failed,
+    after rank 0 has removed the partial checkpoint (a collective)."""
+    if not ranks.max_over_ranks(failure is not None):
+        return
+    texts = ranks.gather(failure and failure.text)
+    rank, reason = next((r, text) for r, text in enumerate(texts) if text is not None)
+    if ranks.rank() == 0:
+        _remove(root, tag)
+    where = f" on rank {rank}" if len(texts) > 1 else ""
+    kept = f"still names {previous}" if previous else "was not written"
+    raise CheckpointError(
+        f"saving checkpoint {tag}{where} failed ({reason}); its partial files were removed and "
+        f"{root / 'latest'} {kept}"
+    ) from (failure and failure.err)
+
+
+def _write_manifest(root: Path, tag: str, architecture: dict[str, Any], engines: Engines) -> None:
+    files = {
+        str(file.relative_to(root)): file.stat().st_size
+        for part in _parts(root)
+        if (part / tag).is_dir()
+        for file in sorted((part / tag).rglob("*"))
+        if file.is_file()
+    }
+    manifest = {
+        "world_size": ranks.world_size(),
+        "architecture": architecture,
+        "shapes": _shapes(engines),
+        "files": files,
+    }
+    write_atomically(root / MANIFEST / f"{tag}.json", json.dumps(manifest, indent=1) + "\n")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``path`` atomically: readers see the old content or the whole new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def save_checkpoint(
     root: Path,
     tag: str,
-    engines: dict[str, deepspeed.DeepSpeedEngine],
+    engines: Engines,
     trainer_state: dict[str, Any],
     keep: int,
+    architecture: dict[str, Any],
 ) -> None:
-    """Save every engine under ``root/<name>/<tag>``, then mark ``tag`` complete (all ranks)."""
+    """Save every engine under ``root/<name>/<tag>``, then mark ``tag`` complete (all ranks).
+
+    ``architecture``: the model settings a resumed run must share (recorded in the manifest).
+    Raises ``CheckpointError`` on every rank if any rank's write failed.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1, got {keep}")
+    rank = ranks.rank()
+    previous = latest_tag(root)
+    if tag == previous:  # tags count steps: that checkpoint holds this very state
+        return
+    failure = None
+    if rank == 0:  # the directories, and no remains of an interrupted save of the same tag
+        try:
+            _remove(root, tag)
+            for part in (*engines, RNG):
+                (root / part / tag).mkdir(parents=True, exist_ok=True)
+            (root / MANIFEST).mkdir(exist_ok=True)
+        except OSError as err:
+            failure = _Failure(f"creating its directories in {root} failed", err)
+    _agree(root, tag, failure, previous)
+
     for name, engine in engines.items():
-        engine.save_checkpoint(
-            str(root / name), tag=tag, client_state={"trainer": trainer_state}, save_latest=False
-        )
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    rng_dir = root / "rng" / tag
-    rng_dir.mkdir(parents=True, exist_ok=True)
-    tmp = rng_dir / f"rank{rank}.pt.tmp"
-    torch.save(_rng_state(), tmp)
-    tmp.replace(rng_dir / f"rank{rank}.pt")
-    _barrier()
+        with _noting_writes(engine) as writer:
+            engine.save_checkpoint(
+                str(root / name), tag=tag, client_state={"trainer": trainer_state},
+                save_latest=False,
+            )  # fmt: skip
+        failure = failure or writer.failure
+    rng_file = root / RNG / tag / f"rank{rank}.pt"
+    try:
+        torch.save(_rng_state(), rng_file)
+    except (OSError, RuntimeError) as err:
+        failure = failure or _Failure.of_write(rng_file, err)
+    _agree(root, tag, failure, previous)
+
     if rank == 0:
-        marker = root / "latest.tmp"
-        marker.write_text(tag + "\n")
-        os.replace(marker, root / "latest")
+        try:
+            _write_manifest(root, tag, architecture, engines)
+            write_atomically(root / "latest", tag + "\n")
+        except OSError as err:
+            failure = _Failure("marking it complete failed", err)
+    _agree(root, tag, failure, previous)
+    if rank == 0:
         _prune(root, tag, keep)
-    _barrier()
 
 
 def _prune(root: Path, newest: str, keep: int) -> None:
@@ -90,48 +269,182 @@ def _prune(root: Path, newest: str, keep: int) -> None:
     Tags are gathered from every part, so the remains of a prune that was itself killed
     half-way (say ``encoder/<tag>`` left, ``rng/<tag>`` gone) are deleted the next time.
     """
-    parts = [part for part in root.iterdir() if part.is_dir()]
-    names = {p.name for part in parts for p in part.iterdir()}
+    names = {p.name.removesuffix(".json") for part in _parts(root) for p in part.iterdir()}
     tags = sorted(name for name in names if _TAG.match(name) and name <= newest)
     for old in tags[: max(0, len(tags) - keep)]:
-        for part in parts:
-            shutil.rmtree(part / old, ignore_errors=True)
+        _remove(root, old)
 
 
-def latest_tag(root: Path) -> str | None:
-    marker = root / "latest"
-    return marker.read_text().strip() if marker.is_file() else None
+# ----------------------------------------------------------------------------- resuming
 
 
 def verify_weights_only(directory: Path) -> None:
     """Raise ``CheckpointError`` unless every ``*.pt`` file under ``directory`` is plain data."""
     for file in sorted(directory.rglob("*.pt")):
+        load_weights_only(file, _DEEPSPEED_STATE_CLASSES)
+
+
+def _read_manifest(root: Path, tag: str) -> dict[str, Any]:
+    path = root / MANIFEST / f"{tag}.json"
+    if not path.is_file():
+        raise _Damaged(f"it has no {MANIFEST}/{tag}.json (its save never finished)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as err:  # ValueError: bad JSON or bad UTF-8
+        raise _Damaged(f"its manifest {path} is unreadable ({_reason(err)})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise _Damaged(f"its manifest {path} lists no files")
+    return manifest
+
+
+class _Damaged(Exception):
+    """Why one checkpoint cannot be resumed (another one may)."""
+
+
+def _check_model(where: str, manifest: dict[str, Any], engines: Engines, arch: dict[str, Any]):
+    """Refuse a checkpoint of another model than the one configured: no other checkpoint of
+    the run would fit either."""
+    theirs = manifest.get("architecture", {})
+    differ = [
+        key for key in sorted(arch.keys() | theirs.keys()) if theirs.get(key) != arch.get(key)
+    ]
+    if differ:
+        settings = "; ".join(
+            f"{key} {shorten(theirs.get(key))} there, {shorten(arch.get(key))} here"
+            for key in differ
+        )
+        raise CheckpointError(
+            f"checkpoint {where} was written for another model than this run configures "
+            f"({settings}); resume with the settings it was written with, or start a new run"
+        )
+    ours = _shapes(engines)
+    for engine, shapes in ours.items():
+        stored = manifest.get("shapes", {}).get(engine, {})
+        for name in sorted(shapes.keys() | stored.keys()):
+            if stored.get(name) != shapes.get(name):
+                raise CheckpointError(
+                    f"checkpoint {where} does not fit this run's {engine}: tensor {name!r} has "
+                    f"shape {stored.get(name)} there and {shapes.get(name)} here"
+                )
+    world = manifest.get("world_size")
+    if world != ranks.world_size():
+        raise CheckpointError(
+            f"checkpoint {where} was written by {world} ranks and this run has "
+            f"{ranks.world_size()}; resume it with {world} (the data order depends on the ranks)"
+        )
+
+
+def _check_sizes(root: Path, manifest: dict[str, Any]) -> list[str]:
+    """Every file of the manifest present at its recorded size; their names, sorted."""
+    files = sorted(manifest["files"].items())
+    for name, size in files:
+        path = root / name
+        if not path.is_file():
+            raise _Damaged(f"{path} is missing")
+        if path.stat().st_size != size:
+            raise _Damaged(f"{path} has {path.stat().st_size:,} bytes, not the {size:,} written")
+    return [name for name, _ in files]
+
+
+def _check_files(root: Path, tag: str, manifest: dict[str, Any]) -> None:
+    """Every file present at its recorded size; this rank's share of them loadable."""
+    files = _check_sizes(root, manifest)
+    share = [root / name for name in files[ranks.rank() :: ranks.world_size()]]
+    for path in share:
+        if path.suffix == ".pt":
+            try:
+                load_weights_only(path, _DEEPSPEED_STATE_CLASSES)
+            except CheckpointError as err:
+                raise _Damaged(str(err)) from None
+    if not (root / RNG / tag / f"rank{ranks.rank()}.pt").is_file():
+        raise _Damaged(f"it has no RNG state for rank {ranks.rank()}")
+
+
+def complete_latest(root: Path) -> str:
+    """The tag ``latest`` names, every file of it present as written: for reading a run's
+    weights (``advpt.training.consolidate``), which takes no other checkpoint in its place."""
+    tag = latest_tag(root)
+    if not tag:
+        raise CheckpointError(f"{root} has no complete checkpoint ({root / 'latest'} is missing)")
+    try:
+        _check_sizes(root, _read_manifest(root, tag))
+    except _Damaged as err:
+        raise CheckpointError(
+            f"the newest checkpoint in {root}, {tag}, is damaged: {err}"
+        ) from None
+    return tag
+
+
+def _candidates(root: Path, latest: str | None) -> list[str]:
+    """``latest`` and then every older tag with a manifest, newest first (all of them when
+    ``latest`` is None)."""
+    manifests = root / MANIFEST
+    tags = [p.stem for p in manifests.glob("step*.json")] if manifests.is_dir() else []
+    older = sorted(t for t in tags if _TAG.match(t) and (latest is None or t < latest))
+    return ([latest] if latest else []) + older[::-1]
+
+
+def resume_tag(root: Path, engines: Engines, architecture: dict[str, Any]) -> str | None:
+    """The newest complete, undamaged checkpoint under ``root`` every rank can load, or None
+    when the run has never saved one (a collective).
+
+    A damaged newest checkpoint gives a warning and the previous one is taken (``latest`` then
+    names it); none usable, or one of another model, raises ``CheckpointError``.
+    """
+    latest = latest_tag(root)
+    if latest is None:
+        return None
+    if _TAG.match(latest):
+        problem, candidates = None, _candidates(root, latest)
+    else:
+        problem = f"{root / 'latest'} names no checkpoint ({shorten(latest)})"
+        candidates = _candidates(root, None)
+    passed_over: list[str] = []
+    for tag in candidates:
         try:
-            with torch.serialization.safe_globals(_DEEPSPEED_STATE_CLASSES):
-                torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-        except pickle.UnpicklingError as exc:
-            reason = str(exc).strip().splitlines()[0]
-            raise CheckpointError(
-                f"checkpoint file {file} holds more than tensors and plain data, so advpt will "
-                f"not unpickle it ({reason})"
-            ) from None
+            manifest = _read_manifest(root, tag)
+            _check_model(f"{tag} in {root}", manifest, engines, architecture)
+            _check_files(root, tag, manifest)
+            damage = None
+        except _Damaged as err:
+            damage = str(err)
+        damages = ranks.gather(damage)
+        damage = next((d for d in damages if d is not None), None)
+        if damage is None:
+            if passed_over or problem:
+                _warn_fallback(root, tag, problem, passed_over)
+            return tag
+        passed_over.append(f"{tag}: {damage}")
+    newest = problem or passed_over[0]
+    more = len(passed_over) - (problem is None)
+    others = f", and the {more} older one(s) are damaged too" if more > 0 else ""
+    raise CheckpointError(f"--resume found no usable checkpoint in {root}: {newest}{others}")
 
 
-def load_checkpoint(
-    root: Path, tag: str, engines: dict[str, deepspeed.DeepSpeedEngine]
-) -> dict[str, Any]:
-    """Restore every engine and this rank's RNG from ``tag``; returns the trainer state."""
+def _warn_fallback(root: Path, tag: str, problem: str | None, passed_over: list[str]) -> None:
+    """Tell which checkpoint was passed over and why; ``latest`` names the one resumed."""
+    if ranks.rank() == 0:
+        reasons = "; ".join(([problem] if problem else []) + passed_over)
+        logger.warning(
+            "warning: the newest checkpoint in %s cannot be resumed (%s); resuming from %s, the "
+            "previous complete one",
+            root, reasons, tag,
+        )  # fmt: skip
+        # Not fatal if it fails: the next save replaces it (and the damaged tag) all the same.
+        with contextlib.suppress(OSError):
+            write_atomically(root / "latest", tag + "\n")
+
+
+def load_checkpoint(root: Path, tag: str, engines: Engines) -> dict[str, Any]:
+    """Restore every engine and this rank's RNG from ``tag`` (validated by :func:`resume_tag`);
+    returns the trainer state."""
     trainer_state: dict[str, Any] | None = None
-    for name in engines:
-        verify_weights_only(root / name / tag)
-    verify_weights_only(root / "rng" / tag)
     for name, engine in engines.items():
         path, client_state = engine.load_checkpoint(str(root / name), tag=tag)
         if path is None:
-            raise FileNotFoundError(f"checkpoint {root / name / tag} could not be loaded")
+            raise CheckpointError(f"checkpoint {root / name / tag} could not be loaded")
         trainer_state = trainer_state or client_state["trainer"]
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    rng = torch.load(root / "rng" / tag / f"rank{rank}.pt", weights_only=True)
+    rng = load_weights_only(root / RNG / tag / f"rank{ranks.rank()}.pt")
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])

@@ -30,7 +30,7 @@ from advpt.models.pretrained import (
     load_tape,
     read_json,
 )
-from advpt.training.checkpoint import latest_tag, verify_weights_only
+from advpt.training.checkpoint import complete_latest, verify_weights_only
 from advpt.training.engines import parameter_groups
 
 
@@ -59,11 +59,7 @@ def _from_run_dir(run_dir: Path) -> ProteinEncoder:
             f"{run_dir / CONFIG_FILE} names encoder preset {preset!r}, which is not one of "
             f"{', '.join(ENCODER_PRESETS)}"
         )
-    tag = latest_tag(run_dir / "checkpoints")
-    if tag is None:
-        raise CheckpointError(
-            f"run directory {run_dir} has no complete checkpoint (checkpoints/latest is missing)"
-        )
+    tag = complete_latest(run_dir / "checkpoints")
     model = MaskedLanguageModel(ENCODER_PRESETS[preset])
     state = _consolidated(run_dir / "checkpoints" / "encoder", tag, model)
     prefix = "encoder."

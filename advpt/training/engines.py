@@ -22,7 +22,9 @@ import torch.nn as nn
 from deepspeed.runtime.config import DeepSpeedConfig
 from torch.optim.lr_scheduler import LambdaLR
 
-from advpt.errors import ConfigError
+from advpt.errors import ConfigError, first_line
+
+_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
 
 
 def load_ds_config(path: str, tensorboard_dir: Path, job_name: str) -> dict[str, Any]:
@@ -36,12 +38,21 @@ def load_ds_config(path: str, tensorboard_dir: Path, job_name: str) -> dict[str,
         raise ConfigError(f"DeepSpeed config {path} does not exist")
     try:
         config = json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
+    except OSError as exc:
+        raise ConfigError(f"cannot read DeepSpeed config {path}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"DeepSpeed config {path} is not valid JSON: {exc}") from None
     if not isinstance(config, dict):
         raise ConfigError(f"DeepSpeed config {path} must hold a JSON object")
     if "train_micro_batch_size_per_gpu" not in config:
         raise ConfigError(f"DeepSpeed config {path} must set train_micro_batch_size_per_gpu")
+    for key in _BATCH_KEYS:
+        value = config.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(
+                f"DeepSpeed config {path}: {key} must be a positive integer, not "
+                f"{first_line(json.dumps(value), 60)}"
+            )
     world = int(os.environ.get("WORLD_SIZE", "1"))
     micro = config["train_micro_batch_size_per_gpu"]
     accumulation = config.get("gradient_accumulation_steps")

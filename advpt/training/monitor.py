@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 
 from advpt.data.collate import Batch
+from advpt.errors import cannot_write
 from advpt.masking.adversarial import NUM_OPTIONS, OPTION_KEEP, OPTION_MASK
 from advpt.masking.importance import effective_sample_share
 from advpt.models.encoder import MLMOutput
@@ -208,11 +209,14 @@ class MetricsWriter:
         self.board: SummaryWriter | None = None
         if not enabled:
             return
-        if resume_step is not None:
-            self._truncate_after(resume_step)
-        self.board = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step)
-        # A fresh run starts a fresh file; a resumed one continues it.
-        self.jsonl = self.jsonl_path.open("w" if resume_step is None else "a")
+        try:
+            if resume_step is not None:
+                self._truncate_after(resume_step)
+            self.board = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step)
+            # A fresh run starts a fresh file; a resumed one continues it.
+            self.jsonl = self.jsonl_path.open("w" if resume_step is None else "a")
+        except OSError as err:
+            raise cannot_write(err, run_dir) from err
 
     def _truncate_after(self, step: int) -> None:
         """Drop lines logged after the checkpoint a resumed run restarts from.
@@ -222,12 +226,13 @@ class MetricsWriter:
         if not self.jsonl_path.exists():
             return
         kept = []
-        for line in self.jsonl_path.read_text().splitlines():
+        for line in self.jsonl_path.read_text(errors="replace").splitlines():
             try:
-                if json.loads(line).get("step", 0) <= step:
-                    kept.append(line)
+                record = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            if isinstance(record, dict) and record.get("step", 0) <= step:
+                kept.append(line)
         tmp = self.jsonl_path.with_suffix(".tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         tmp.replace(self.jsonl_path)
@@ -236,8 +241,11 @@ class MetricsWriter:
         if not self.enabled:
             return
         record = {"step": step, **record}
-        self.jsonl.write(json.dumps(record) + "\n")
-        self.jsonl.flush()
+        try:
+            self.jsonl.write(json.dumps(record) + "\n")
+            self.jsonl.flush()
+        except OSError as err:
+            raise cannot_write(err, self.jsonl_path) from err
         for key, value in record.items():
             if key == "step":
                 continue

@@ -22,6 +22,7 @@ fall due between optimizer steps.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,12 +38,13 @@ from tqdm import tqdm
 from advpt.config import TrainConfig
 from advpt.data.collate import Batch
 from advpt.data.stream import MicroBatches, stream_loader
-from advpt.errors import CheckpointError
+from advpt.errors import CheckpointError, cannot_write
 from advpt.models.encoder import MLMOutput
 from advpt.training import checkpoint
 from advpt.training.engines import current_lr
 from advpt.training.monitor import MetricsAccumulator, MetricsWriter, check_collapse
 from advpt.training.objective import AdversarialObjective, Draw, masked_lm
+from advpt.training.preemption import StopSignals, ignore_in_worker
 from advpt.training.schedule import ENCODER, JOINT, NOISER, batch_growth, make_schedule
 
 MicroStep = Callable[[Batch, bool], MLMOutput]
@@ -74,6 +76,7 @@ class Trainer:
         train_stream: MicroBatches,
         validation: list[Batch],
         device: torch.device,
+        stop_signals: StopSignals | None = None,
     ):
         self.config = config
         self.encoder = encoder_engine
@@ -99,6 +102,9 @@ class Trainer:
         self._last_phase = self.schedule.phase
         self._skipped_in_a_row = {name: 0 for name in self.engines}
         self._grad_norms: dict[str, torch.Tensor] = {}
+        # Installed by the entry point; without it no signal is noted and the run never stops.
+        self.stop_signals = stop_signals or StopSignals()
+        self.stopped_by: str | None = None  # the signal that stopped the run, if one did
 
     @property
     def engines(self) -> dict[str, deepspeed.DeepSpeedEngine]:
@@ -107,12 +113,29 @@ class Trainer:
             engines["noiser"] = self.noiser
         return engines
 
+    def write_config(self) -> None:
+        """``<run_dir>/config.json``: every setting of the run (rank 0, atomically)."""
+        if not self.is_main:
+            return
+        path = self.run_dir / "config.json"
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            checkpoint.write_atomically(path, json.dumps(self.config.to_dict(), indent=2) + "\n")
+        except OSError as err:
+            raise cannot_write(err, path) from err
+
     def train(self) -> dict[str, Any]:
-        """Run until ``max_steps`` encoder steps (or ``stop_after_steps`` in this process)."""
+        """Run until ``max_steps`` encoder steps (or ``stop_after_steps`` in this process), or
+        until a stop signal (then ``stopped_by`` names it)."""
         cfg = self.config
         resumed = cfg.run.resume and self.restore()
+        self.write_config()  # after restore: a refused resume leaves the run's own config
         writer = MetricsWriter(self.run_dir, self.is_main, self.counters.step if resumed else None)
-        data = iter(stream_loader(self.stream, self.counters.micro_batches, cfg.data.num_workers))
+        data = iter(
+            stream_loader(
+                self.stream, self.counters.micro_batches, cfg.data.num_workers, ignore_in_worker
+            )
+        )
         stop_at = cfg.schedule.max_steps
         if cfg.run.stop_after_steps:
             stop_at = min(stop_at, self.counters.encoder_step + cfg.run.stop_after_steps)
@@ -127,7 +150,7 @@ class Trainer:
         last: dict[str, Any] = {}
         self.metrics = MetricsAccumulator(self.device)
         try:
-            while self.counters.encoder_step < stop_at:
+            while self.counters.encoder_step < stop_at and not self.stopped_by:
                 last = self._train_step(data, writer, progress, stop_at) or last
         finally:
             progress.close()
@@ -137,7 +160,10 @@ class Trainer:
     def _train_step(
         self, data: Iterator[Batch], writer: MetricsWriter, progress: tqdm, stop_at: int
     ) -> dict[str, Any] | None:
-        """One optimizer step, then whatever logging, validation and saving falls due."""
+        """One optimizer step, then whatever logging, validation and saving falls due.
+
+        A stop signal received by any rank makes every rank save after this same step.
+        """
         cfg = self.config
         self._apply_batch_growth()
         encoder_before = self.counters.encoder_step
@@ -145,13 +171,15 @@ class Trainer:
         record = None
         if self.counters.step % cfg.run.log_every == 0:
             record = self._log(writer, progress)
-        if self.counters.encoder_step == encoder_before:
-            return record
-        progress.update(1)
         step = self.counters.encoder_step
-        if (cfg.run.eval_every and step % cfg.run.eval_every == 0) or step == stop_at:
-            record = {**(record or {}), **self._evaluate(writer)}
-        if step % cfg.run.checkpoint_every == 0 or step == stop_at:
+        encoder_stepped = step != encoder_before
+        if encoder_stepped:
+            progress.update(1)
+            if (cfg.run.eval_every and step % cfg.run.eval_every == 0) or step == stop_at:
+                record = {**(record or {}), **self._evaluate(writer)}
+        self.stopped_by = self.stop_signals.agreed()  # a collective, once per optimizer step
+        due = encoder_stepped and (step % cfg.run.checkpoint_every == 0 or step == stop_at)
+        if due or self.stopped_by:
             self.save()
         return record
 
@@ -336,19 +364,30 @@ class Trainer:
             "base_batch": self.base_batch,
         }
 
+    def architecture(self) -> dict[str, Any]:
+        """The model settings a checkpoint is only resumed with (activation checkpointing may
+        change between runs: it changes no weight)."""
+        m = self.config.model
+        settings = {"encoder": m.encoder}
+        if self.noiser is not None:
+            settings.update(noiser=m.noiser, noiser_arch=m.noiser_arch,
+                            noiser_bidirectional=m.noiser_bidirectional,
+                            noiser_context_only=m.noiser_context_only)  # fmt: skip
+        return settings
+
     def save(self) -> None:
-        tag = checkpoint.checkpoint_tag(self.counters.encoder_step)
         checkpoint.save_checkpoint(
             self.checkpoints,
-            tag,
+            checkpoint.checkpoint_tag(self.counters.step),
             self.engines,
             self.trainer_state(),
             self.config.run.keep_checkpoints,
+            self.architecture(),
         )
 
     def restore(self) -> bool:
-        """Load the newest complete checkpoint if there is one; True if something was loaded."""
-        tag = checkpoint.latest_tag(self.checkpoints)
+        """Load the newest usable checkpoint if there is one; True if something was loaded."""
+        tag = checkpoint.resume_tag(self.checkpoints, self.engines, self.architecture())
         if tag is None:
             return False
         state = checkpoint.load_checkpoint(self.checkpoints, tag, self.engines)

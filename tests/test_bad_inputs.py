@@ -1,0 +1,274 @@
+"""Broken and hostile input files: each ends in one sentence naming the file (real files)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from advpt.data import CroppedView, LengthBucketedBatches, ProteinDataset, iter_fasta
+from advpt.data.collate import MaskingCollator
+from advpt.data.stream import MicroBatches, stream_loader
+from advpt.errors import DataError
+from tests.helpers import tiny_run_args, write_ds_config
+
+PROTEINS = ">p1 first\nMKTAYIAKQR\n>p2\nGGHH\n"
+
+
+def _gzip_truncated(path: Path) -> Path:
+    path.write_bytes(gzip.compress(PROTEINS.encode() * 50)[:-40])
+    return path
+
+
+def _gzip_corrupt(path: Path) -> Path:
+    data = bytearray(gzip.compress(PROTEINS.encode() * 50))
+    data[-6] ^= 0xFF  # the CRC no longer matches the data
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _deflate_corrupt(path: Path) -> Path:
+    data = bytearray(gzip.compress(bytes(range(256)) * 100))
+    data[30:60] = bytes(30)  # deflate blocks destroyed, gzip header intact
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _not_gzip(path: Path) -> Path:
+    path.write_text(PROTEINS)
+    return path
+
+
+def _unreadable(path: Path) -> Path:
+    # Opens, but every read fails (EIO), whatever the user's privileges: a chmod 000 file is
+    # readable by root.
+    path.symlink_to("/proc/self/mem")
+    return path
+
+
+def _utf16(path: Path) -> Path:
+    path.write_bytes(PROTEINS.encode("utf-16"))
+    return path
+
+
+UNREADABLE = {
+    "truncated gzip": ("x.fasta.gz", _gzip_truncated, "the compressed data ends early"),
+    "bad crc": ("x.fasta.gz", _gzip_corrupt, "the compressed data is corrupt (CRC check"),
+    "bad deflate": ("x.fasta.gz", _deflate_corrupt, "the compressed data is corrupt (Error -3"),
+    "not gzip": ("x.fasta.gz", _not_gzip, "it is not a gzip file"),
+    "read error": ("x.fasta", _unreadable, "cannot read"),
+    "utf-16": ("x.fasta", _utf16, "is UTF-16 text; FASTA files must be ASCII or UTF-8"),
+}
+
+
+@pytest.mark.parametrize("case", UNREADABLE)
+def test_unreadable_fasta_is_one_sentence_naming_it(tmp_path, case):
+    name, make, expected = UNREADABLE[case]
+    path = make(tmp_path / name)
+    with pytest.raises(DataError) as caught:
+        ProteinDataset.from_path(path)
+    message = str(caught.value)
+    assert expected in message and str(path) in message and "\n" not in message
+
+
+@pytest.mark.parametrize("suffix", [".fasta", ".fasta.gz"])
+def test_byte_order_mark_and_old_mac_line_endings_are_read(tmp_path, suffix):
+    bom = b"\xef\xbb\xbf" + PROTEINS.encode()
+    mac = PROTEINS.replace("\n", "\r").encode()
+    mixed = b">p1 first\r\nMKTAY\rIAKQR\n>p2\rGG\r\nHH"  # every ending, no final newline
+    for i, data in enumerate([bom, mac, mixed]):
+        path = tmp_path / f"{i}{suffix}"
+        path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+        assert {r.name: r.sequence for r in iter_fasta(path)} == {
+            "p1": "MKTAYIAKQR", "p2": "GGHH",
+        }, data  # fmt: skip
+        dataset = ProteinDataset.from_path(path)  # plain files: read back by seeking
+        assert [dataset.residues(i) for i in range(len(dataset))] == ["MKTAYIAKQR", "GGHH"]
+
+
+def test_data_file_vanishing_during_the_run_is_one_sentence(tmp_path):
+    path = tmp_path / "x.fasta"
+    path.write_text(PROTEINS)
+    dataset = ProteinDataset.from_path(path)
+    path.unlink()
+    with pytest.raises(DataError, match=f"cannot read {path}: No such file or directory"):
+        dataset[0]
+
+
+def test_long_values_in_messages_are_shortened(tmp_path):
+    name = "N" * 100_000
+    path = tmp_path / "long.fasta"
+    path.write_text(f">{name}\nMK1\n")
+    with pytest.raises(DataError) as caught:
+        ProteinDataset.from_path(path)
+    message = str(caught.value)
+    assert len(message) < 300 and "record 'NNNN" in message and "NNN' has invalid" in message
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("train_micro_batch_size_per_gpu", 0),
+        ("train_micro_batch_size_per_gpu", "8"),
+        ("train_micro_batch_size_per_gpu", True),
+        ("gradient_accumulation_steps", 2.5),
+        ("train_batch_size", -8),
+    ],
+)
+def test_deepspeed_batch_settings_must_be_positive_integers(tmp_path, key, value):
+    from advpt.errors import ConfigError
+    from advpt.training.engines import load_ds_config
+
+    path = tmp_path / "ds.json"
+    write_ds_config(path)
+    config = json.loads(path.read_text())
+    config[key] = value
+    path.write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as caught:
+        load_ds_config(str(path), tmp_path, "encoder")
+    assert str(caught.value) == (
+        f"DeepSpeed config {path}: {key} must be a positive integer, not {json.dumps(value)}"
+    )
+
+
+def test_data_error_in_a_loader_worker_is_raised_as_its_one_sentence(tmp_path):
+    path = tmp_path / "x.fasta"
+    path.write_text(PROTEINS * 20)
+    dataset = ProteinDataset.from_path(path)
+    view = CroppedView(dataset, np.arange(len(dataset)), max_length=16, seed=0)
+    batches = LengthBucketedBatches(view.token_lengths, 4, 0, 1, seed=0)
+    stream = MicroBatches(view, batches, MaskingCollator(0.1, 0.1, seed=0))
+    path.unlink()
+    with pytest.raises(DataError) as caught:
+        next(stream_loader(stream, 0, num_workers=1))
+    assert str(caught.value) == f"cannot read {path}: No such file or directory"
+
+
+def _tape_dir(path: Path, weights: bytes) -> Path:
+    from advpt.models import ENCODER_PRESETS
+    from advpt.models.pretrained import tape_config
+
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(tape_config(ENCODER_PRESETS["tiny"])))
+    (path / "pytorch_model.bin").write_bytes(weights)
+    return path
+
+
+def _export_dir(path: Path, damage) -> Path:
+    from advpt.models import ENCODER_PRESETS, ProteinEncoder
+    from advpt.models.pretrained import save_export
+
+    save_export(ProteinEncoder(ENCODER_PRESETS["tiny"]), path)
+    weights = path / "model.safetensors"
+    weights.write_bytes(damage(weights.read_bytes()))
+    return path
+
+
+PRETRAINED = {
+    "raw pickle": (
+        lambda d: _tape_dir(d / "tape", pickle.dumps({"bert.embeddings": [1.0, 2.0]})),
+        "pytorch_model.bin holds more than tensors and plain data",
+    ),
+    "not a dict": (
+        lambda d: _tape_dir(d / "tape", _torch_bytes([1, 2])),
+        "pytorch_model.bin hold a list, not a dict",
+    ),
+    "truncated safetensors": (
+        lambda d: _export_dir(d / "export", lambda data: data[: len(data) // 2]),
+        "model.safetensors is not a readable safetensors file (Error while deserializing",
+    ),
+    "pickle as safetensors": (
+        lambda d: _export_dir(d / "export", lambda data: pickle.dumps({"w": 1})),
+        "model.safetensors is not a readable safetensors file",
+    ),
+}
+
+
+def _torch_bytes(value) -> bytes:
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("case", PRETRAINED)
+def test_damaged_pretrained_directory_is_one_sentence(tmp_path, capsys, case):
+    from advpt.export import main as export
+
+    make, expected = PRETRAINED[case]
+    source = make(tmp_path)
+    assert export([str(source), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("advpt: error: ") and expected in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_path_that_is_a_file_is_one_sentence(tmp_path, capsys):
+    from advpt.export import main as export
+
+    source = _export_dir(tmp_path / "export", lambda data: data)
+    (tmp_path / "taken").write_text("")
+    assert export([str(source), str(tmp_path / "taken")]) == 2
+    assert "taken is a file, not a directory" in capsys.readouterr().err
+    assert export([str(source), str(tmp_path / "out"), "--debug"]) == 0
+
+
+def _train(tmp_path: Path, *flags: str) -> int:
+    from advpt.train import main
+
+    return main(tiny_run_args(tmp_path, tmp_path / "run") + ["--max_steps", "2", *flags])
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--checkpoint_every", "0"], "checkpoint_every must be positive"),
+        (["--keep_checkpoints", "0"], "keep_checkpoints must be at least 1"),
+        (["--run_dir", "{file}"], "taken is a file, not a directory"),
+        (
+            ["--encoder", "x" * 10_000],
+            "setting 'encoder' must be tape-base | small | tiny, got 'xx",
+        ),
+    ],
+)
+def test_bad_settings_are_one_sentence_on_rank_0_only(
+    tmp_path, capsys, monkeypatch, flags, expected
+):
+    (tmp_path / "taken").write_text("")
+    flags = [flag.format(file=tmp_path / "taken") for flag in flags]
+    assert _train(tmp_path, *flags) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("advpt: error: ") and expected in err
+    assert err.count("\n") == 1 and len(err) < 400
+    monkeypatch.setenv("RANK", "1")  # what another rank of the job prints: nothing
+    assert _train(tmp_path, *flags) == 2
+    assert capsys.readouterr().err == ""
+    assert _train(tmp_path, *flags, "--debug") == 2  # every rank, with the traceback
+    err = capsys.readouterr().err
+    assert "Traceback" in err and expected in err.strip().splitlines()[-1]
+
+
+def test_run_directory_that_cannot_be_created_is_one_sentence(tmp_path, capsys, distributed):
+    (tmp_path / "taken").write_text("")
+    run_dir = tmp_path / "taken" / "run"
+    assert _train(tmp_path, "--run_dir", str(run_dir), "--num_workers", "0") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"advpt: error: cannot write {run_dir}: Not a directory"
+    assert "Traceback" not in "\n".join(err)
+
+
+def test_an_error_of_one_rank_is_printed_by_that_rank(capsys, monkeypatch):
+    from advpt.errors import report
+
+    monkeypatch.setenv("RANK", "1")
+    assert report(DataError("cannot read x.fasta: I/O error"), 2, debug=False) == 2
+    assert capsys.readouterr().err == ""  # every rank has it: rank 0 prints it
+    report(DataError("cannot read x.fasta: I/O error"), 2, debug=False, this_rank_only=True)
+    assert capsys.readouterr().err == "advpt: error (rank 1): cannot read x.fasta: I/O error\n"
