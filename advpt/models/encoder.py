@@ -104,9 +104,14 @@ class SelfAttention(nn.Module):
         x: torch.Tensor,
         attn_mask: torch.Tensor | None,
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``x`` ``[B, L, H]``, ``attn_mask`` ``[B, 1, 1, L]`` bool (true = may attend) or None;
-        ``rotary``: ``(cos, sin)`` ``[L, 1, H / heads]`` to rotate queries and keys, or None."""
+        """``x`` ``[B, L, H]`` -> ``[B, L, H]``, or ``[N, H]`` at the flat positions ``rows``
+        ``[N]`` (into ``B * L``) only.
+
+        ``attn_mask`` ``[B, 1, 1, L]`` bool (true = may attend) or None; ``rotary``:
+        ``(cos, sin)`` ``[L, 1, H / heads]`` to rotate queries and keys, or None.
+        """
         b, length, h = x.shape
         q, k, v = self.qkv(x).view(b, length, 3, self.num_heads, h // self.num_heads).unbind(2)
         if rotary is not None:
@@ -118,7 +123,10 @@ class SelfAttention(nn.Module):
             attn_mask=attn_mask,
             dropout_p=self.attention_dropout if self.training else 0.0,
         )  # [B, heads, L, H / heads]
-        return self.out(y.transpose(1, 2).reshape(b, length, h))
+        y = y.transpose(1, 2).reshape(b, length, h)
+        if rows is not None:
+            y = y.flatten(0, 1).index_select(0, rows)  # [N, H]
+        return self.out(y)
 
 
 class TransformerLayer(nn.Module):
@@ -147,18 +155,27 @@ def embed(table: nn.Embedding, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def run_layers(
-    layers: nn.ModuleList, x: torch.Tensor, checkpoint_every: int, *args
+    layers: nn.ModuleList,
+    x: torch.Tensor,
+    checkpoint_every: int,
+    *args,
+    last_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x`` ``[B, L, H]`` through ``layers`` (each called as ``layer(x, *args)``), recomputing
-    every ``checkpoint_every``-th layer's activations in the backward pass (0 = none)."""
+    every ``checkpoint_every``-th layer's activations in the backward pass (0 = none).
+
+    With ``last_rows`` ``[N]`` the last layer is called as ``layer(x, *args, last_rows)`` and
+    returns ``[N, H]``.
+    """
     recompute = checkpoint_every and layers.training and torch.is_grad_enabled()
     for i, layer in enumerate(layers):
+        rows = () if last_rows is None or i < len(layers) - 1 else (last_rows,)
         if recompute and i % checkpoint_every == 0:
             # Non-reentrant checkpointing works when only the input needs gradients, as in
             # the noiser phase (encoder frozen, gradients flow to the one-hot input).
-            x = checkpoint(layer, x, *args, use_reentrant=False)
+            x = checkpoint(layer, x, *args, *rows, use_reentrant=False)
         else:
-            x = layer(x, *args)
+            x = layer(x, *args, *rows)
     return x
 
 
@@ -182,13 +199,19 @@ class ProteinEncoder(nn.Module):
         self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.num_layers))
 
     def forward(
-        self, tokens: torch.Tensor, valid: torch.Tensor, has_padding: bool = True
+        self,
+        tokens: torch.Tensor,
+        valid: torch.Tensor,
+        has_padding: bool = True,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Hidden states ``[B, L, H]`` for ids ``[B, L]`` or one-hot ``[B, L, V]``.
 
         ``valid`` ``[B, L]`` bool marks real tokens; padding is never attended to. A batch the
         caller knows to be unpadded (``has_padding=False``, common with length bucketing and
         cropping) runs attention without a mask, which lets PyTorch pick its flash kernel.
+        With ``rows`` ``[N]`` (flat indices into ``B * L``) only those positions' states are
+        returned, ``[N, H]``.
         """
         length = valid.shape[1]
         _check_length(self.cfg, length)
@@ -196,7 +219,8 @@ class ProteinEncoder(nn.Module):
         x = embed(self.token_embedding, tokens) + self.position_embedding(positions)
         x = self.dropout(self.embedding_norm(x))
         attn_mask = valid[:, None, None, :] if has_padding else None
-        return run_layers(self.layers, x, self.cfg.activation_checkpointing, attn_mask)
+        x = run_layers(self.layers, x, self.cfg.activation_checkpointing, attn_mask)
+        return x if rows is None else x.flatten(0, 1).index_select(0, rows)
 
 
 # ----------------------------------------------------------------------------- ESM-2
@@ -251,8 +275,15 @@ class PreNormLayer(TransformerLayer):
         x: torch.Tensor,
         attn_mask: torch.Tensor | None,
         rotary: tuple[torch.Tensor, torch.Tensor],
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.dropout(self.attention(self.attention_norm(x), attn_mask, rotary))
+        """``x`` ``[B, L, H]`` -> ``[B, L, H]``, or ``[N, H]`` at the flat positions ``rows``
+        only: every position is attended to, but the attention output, the residual and the
+        feed-forward block run at those rows alone."""
+        attended = self.attention(self.attention_norm(x), attn_mask, rotary, rows)
+        if rows is not None:
+            x = x.flatten(0, 1).index_select(0, rows)
+        x = x + self.dropout(attended)
         return x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(self.ffn_norm(x)))))
 
 
@@ -292,9 +323,18 @@ class Esm2Encoder(nn.Module):
         return x * ((1.0 - is_mask) * scale[:, None]).unsqueeze(-1).to(x.dtype)
 
     def forward(
-        self, tokens: torch.Tensor, valid: torch.Tensor, has_padding: bool = True
+        self,
+        tokens: torch.Tensor,
+        valid: torch.Tensor,
+        has_padding: bool = True,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Hidden states ``[B, L, H]``; arguments as :meth:`ProteinEncoder.forward`."""
+        """Hidden states ``[B, L, H]``, or ``[N, H]`` at ``rows``; as
+        :meth:`ProteinEncoder.forward`. With ``rows`` the last layer's output projection and
+        feed-forward block and the final LayerNorm run at those rows only (nothing after the
+        last attention mixes positions): for masked-LM training, most of the last layer's work
+        is skipped. (TAPE's encoder computes every position and gathers, which keeps its
+        results bitwise what they were.)"""
         length = valid.shape[1]
         _check_length(self.cfg, length)
         x = embed(self.token_embedding, tokens)
@@ -302,7 +342,8 @@ class Esm2Encoder(nn.Module):
             x = self.token_dropout(x, tokens, valid)
         attn_mask = valid[:, None, None, :] if has_padding else None
         rotary = self.rotary(length, valid.device)
-        x = run_layers(self.layers, x, self.cfg.activation_checkpointing, attn_mask, rotary)
+        every = self.cfg.activation_checkpointing
+        x = run_layers(self.layers, x, every, attn_mask, rotary, last_rows=rows)
         return self.final_norm(x)
 
 
@@ -349,7 +390,8 @@ class MaskedLanguageModel(nn.Module):
     """Encoder + MLM head; the loss is computed at masked positions only.
 
     Logits are never materialised at unmasked positions: the hidden states of the ``N`` masked
-    positions are gathered first, so the head costs ``N x H x V`` instead of ``B x L x H x V``.
+    positions are gathered first, so the head costs ``N x H x V`` instead of ``B x L x H x V``
+    (and ESM-2 runs most of its last layer at those positions only).
     """
 
     def __init__(self, cfg: EncoderConfig):
@@ -386,9 +428,9 @@ class MaskedLanguageModel(nn.Module):
             weight: ``[B, L]`` per-position loss weight (straight-through factors), or None.
             has_padding: False when the caller knows ``valid`` is all true (no mask needed).
         """
-        hidden = self.encoder(tokens, valid, has_padding)  # [B, L, H]
         positions = torch.nonzero_static(masked.flatten(), size=num_masked).squeeze(1)  # [N]
-        logits = self.head(hidden.flatten(0, 1).index_select(0, positions)).float()  # [N, V]
+        hidden = self.encoder(tokens, valid, has_padding, rows=positions)  # [N, H]
+        logits = self.head(hidden).float()  # [N, V]
         gold = targets.flatten().index_select(0, positions)
         token_loss = F.cross_entropy(logits, gold, reduction="none")
         if weight is not None:
