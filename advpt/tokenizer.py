@@ -165,14 +165,11 @@ ESM = Vocabulary(
 
 VOCABULARIES = {vocab.name: vocab for vocab in (TAPE, ESM)}
 
-# TAPE's ids under their historical names, while the callers move to a Vocabulary argument.
-SPECIAL_TOKENS = TAPE.tokens[: TAPE.first_residue_id]
-RESIDUES = TAPE.residues
-VOCAB = TAPE.tokens
-PAD_ID, MASK_ID, CLS_ID, SEP_ID, UNK_ID = (
-    TAPE.pad_id, TAPE.mask_id, TAPE.cls_id, TAPE.eos_id, TAPE.unk_id,
-)  # fmt: skip
-FIRST_RESIDUE_ID = TAPE.first_residue_id
-VOCAB_SIZE = TAPE.size
-NUM_RESIDUES = TAPE.num_residues
-encode, decode, count_residues = TAPE.encode, TAPE.decode, TAPE.count_residues
+
+def count_residues(sequence: str, record: str = "<sequence>", unknown_to_unk: bool = False) -> int:
+    """Validate ``sequence`` as every vocabulary's ``encode`` would and return its residue count.
+
+    The same for all vocabularies (they accept the same bytes), so data can be checked before
+    an encoder is chosen.
+    """
+    return TAPE.count_residues(sequence, record, unknown_to_unk)

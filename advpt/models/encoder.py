@@ -14,8 +14,9 @@ fused kernel where it can.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -59,6 +60,17 @@ class EncoderConfig:
     def vocabulary(self) -> Vocabulary:
         """The token ids this encoder reads."""
         return VOCABULARIES[FAMILY_VOCABULARY[self.family]]
+
+    def architecture(self) -> dict[str, Any]:
+        """The settings that decide what the model computes: all but the training-only ones
+        (dropout, initialisation, activation checkpointing)."""
+        training_only = ("dropout", "attention_dropout", "initializer_range")
+        settings = dataclasses.asdict(self)
+        return {
+            k: v
+            for k, v in settings.items()
+            if k not in (*training_only, "activation_checkpointing")
+        }
 
 
 def _esm2(layers: int, hidden: int, heads: int) -> EncoderConfig:
@@ -351,8 +363,8 @@ Encoder = ProteinEncoder | Esm2Encoder
 ENCODER_FAMILIES = {"tape": ProteinEncoder, "esm2": Esm2Encoder}
 
 
-def build_encoder(cfg: EncoderConfig) -> Encoder:
-    """A freshly initialised encoder of ``cfg``'s family (weights as PyTorch's defaults)."""
+def fresh_encoder(cfg: EncoderConfig) -> Encoder:
+    """A new encoder of ``cfg``'s family (weights as PyTorch's defaults)."""
     return ENCODER_FAMILIES[cfg.family](cfg)
 
 
@@ -396,7 +408,7 @@ class MaskedLanguageModel(nn.Module):
 
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
-        self.encoder = build_encoder(cfg)
+        self.encoder = fresh_encoder(cfg)
         self.head = MLMHead(cfg, self.encoder.token_embedding)
         self.apply(self._init_weights)
 

@@ -82,7 +82,8 @@ def build_data(
 ) -> tuple[MicroBatches, list[Batch]]:
     """This rank's training stream and validation micro-batches."""
     d = config.data
-    dataset = ProteinDataset.from_path(d.data, d.unknown_to_unk, d.skip_bad_records)
+    vocab = ENCODER_PRESETS[config.model.encoder].vocabulary  # the encoder decides the ids
+    dataset = ProteinDataset.from_path(d.data, vocab, d.unknown_to_unk, d.skip_bad_records)
     train_idx, val_idx = train_val_split(len(dataset), d.val_fraction, config.run.seed)
     train_view = CroppedView(dataset, train_idx, d.max_length, config.run.seed)
     random_rate, adversarial_rate = config.masking_rates()
@@ -90,13 +91,14 @@ def build_data(
         train_view.token_lengths, micro_batch, rank=rank, world_size=world,
         seed=config.run.seed, bucket_batches=d.bucket_batches,
     )  # fmt: skip
-    stream = MicroBatches(
-        train_view, batches, MaskingCollator(random_rate, adversarial_rate, config.run.seed)
-    )
+    collate = MaskingCollator(random_rate, adversarial_rate, config.run.seed, vocab)
+    stream = MicroBatches(train_view, batches, collate)
     validation = []
     if len(val_idx):
         val_view = CroppedView(dataset, val_idx, d.max_length, config.run.seed)
-        val_collate = MaskingCollator(random_rate + adversarial_rate, 0.0, config.run.seed + 1)
+        val_collate = MaskingCollator(
+            random_rate + adversarial_rate, 0.0, config.run.seed + 1, vocab
+        )
         validation = validation_batches(
             val_view, micro_batch, val_collate, config.run.eval_batches, rank, world
         )
@@ -123,8 +125,11 @@ def build_engines(
             s.max_steps, s.warmup_steps, s.noiser_steps, s.encoder_steps,
             s.noiser_warmup_steps, config.simultaneous,
         )  # fmt: skip
-        model = build_noiser(m.noiser_arch, m.noiser, m.noiser_bidirectional, m.noiser_context_only)
-        noiser = build_engine(model, noiser_ds, warmup, total)
+        noiser_model = build_noiser(
+            m.noiser_arch, m.noiser, encoder_cfg.vocabulary, m.noiser_bidirectional,
+            m.noiser_context_only,
+        )  # fmt: skip
+        noiser = build_engine(noiser_model, noiser_ds, warmup, total)
         if config.simultaneous and (
             noiser.gradient_accumulation_steps() != encoder.gradient_accumulation_steps()
         ):
