@@ -22,8 +22,9 @@ from advpt.data.batching import LengthBucketedBatches
 from advpt.data.collate import Batch, MaskingCollator
 from advpt.data.dataset import CroppedView, ProteinDataset, train_val_split
 from advpt.data.stream import MicroBatches, validation_batches
-from advpt.errors import ConfigError
+from advpt.errors import CheckpointError, ConfigError
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
+from advpt.training.consolidate import load_model
 from advpt.training.engines import build_engine, load_ds_config
 from advpt.training.preemption import StopSignals
 from advpt.training.schedule import noiser_lr_steps
@@ -115,9 +116,10 @@ def build_engines(
         ENCODER_PRESETS[config.model.encoder],
         activation_checkpointing=config.model.activation_checkpointing,
     )
-    encoder = build_engine(
-        MaskedLanguageModel(encoder_cfg), encoder_ds, s.warmup_steps, s.max_steps
-    )
+    model = MaskedLanguageModel(encoder_cfg)
+    if config.model.init_from:
+        init_from(model, config.model.init_from, config.model.encoder)
+    encoder = build_engine(model, encoder_ds, s.warmup_steps, s.max_steps)
     noiser = None
     if config.adversarial:
         m = config.model
@@ -139,3 +141,29 @@ def build_engines(
                 "same gradient accumulation (train_batch_size)"
             )
     return encoder, noiser
+
+
+def init_from(model: MaskedLanguageModel, path: str, preset: str) -> None:
+    """Load the masked LM saved in ``path`` (any ``load_model`` directory) into ``model``, built
+    from encoder preset ``preset``: continued pre-training.
+
+    The preset must describe the saved model's architecture (the run's ``config.json`` names the
+    preset, which is how the run's checkpoints are read back); its training settings (dropout)
+    are the run's.
+    """
+    source = load_model(path)
+    if not isinstance(source, MaskedLanguageModel):
+        raise CheckpointError(
+            f"--init_from {path} holds an encoder without an MLM head; masked-LM pre-training "
+            "starts from a masked LM (such as transformers' EsmForMaskedLM)"
+        )
+    theirs, ours = source.encoder.cfg.architecture(), model.encoder.cfg.architecture()
+    if theirs != ours:
+        key = next(k for k in ours if theirs[k] != ours[k])
+        match = [name for name, cfg in ENCODER_PRESETS.items() if cfg.architecture() == theirs]
+        hint = f"; pass --encoder {match[0]}" if match else "; no encoder preset has its shape"
+        raise ConfigError(
+            f"--init_from {path} holds a model with {key} = {theirs[key]!r}, not "
+            f"{ours[key]!r} as encoder preset {preset!r} has{hint}"
+        )
+    model.load_state_dict(source.state_dict())
