@@ -5,6 +5,7 @@ Every model here is a tiny random one built from a config and saved locally: not
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 
@@ -12,12 +13,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from advpt.errors import CheckpointError
+from advpt.data.collate import MaskingCollator
+from advpt.errors import CheckpointError, ConfigError
+from advpt.masking import adversarial_corrupt, num_scores
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.encoder import Esm2Encoder
 from advpt.models.hf_esm import load_hf_esm, save_hf_esm
 from advpt.tokenizer import ESM, INVALID_ID, TAPE
-from tests.helpers import REPO, child_env
+from advpt.training.build import init_from
+from tests.helpers import REPO, child_env, save_tiny_esm
 
 transformers = pytest.importorskip("transformers")
 
@@ -26,36 +30,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 SEQUENCES = ["MKVLAAGIVGLLLAXB", "MSTNPKPQRKTKRNTNRRPQDVKFPGGUZO", "ACDEF"]
 
 
-def _hf_config(**changes):
-    """A tiny ESM-2 config: esm2_tiny's sizes, ESM-2's settings otherwise."""
-    cfg = ENCODER_PRESETS["esm2_tiny"]
-    settings = dict(
-        vocab_size=33, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
-        position_embedding_type="rotary", token_dropout=True, pad_token_id=1, mask_token_id=32,
-        emb_layer_norm_before=False, layer_norm_eps=1e-5, hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )  # fmt: skip
-    return transformers.EsmConfig(**(settings | changes))
-
-
 @pytest.fixture(scope="module")
 def hf_model(tmp_path_factory):
-    """A random EsmForMaskedLM saved by transformers, and its directory.
-
-    Every weight is perturbed (LayerNorms and biases are not left at ones and zeros) and the
-    rotary frequencies are fp16-rounded, as in the published ESM-2 checkpoints.
-    """
-    torch.manual_seed(0)
-    model = transformers.EsmForMaskedLM(_hf_config()).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.1)
-        inv_freq = model.esm.rotary_embeddings.inv_freq
-        inv_freq.copy_(inv_freq.half().float())
+    """A random EsmForMaskedLM saved by transformers, and its directory."""
     path = tmp_path_factory.mktemp("hf") / "esm"
-    model.save_pretrained(path)
-    return model, path
+    return save_tiny_esm(path), path
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -145,9 +124,7 @@ def test_weights_only_bin_and_legacy_layouts_load(hf_model, tmp_path):
 
 
 def test_other_esm_models_are_refused(tmp_path):
-    transformers.EsmForMaskedLM(_hf_config(position_embedding_type="absolute")).save_pretrained(
-        tmp_path
-    )
+    save_tiny_esm(tmp_path, position_embedding_type="absolute")
     with pytest.raises(CheckpointError, match="position_embedding_type"):
         load_hf_esm(tmp_path)
 
@@ -181,3 +158,68 @@ def test_import_and_training_do_not_need_transformers():
         "advpt.models.hf_esm; assert 'transformers' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, env=child_env(), check=True)
+
+
+def test_gradients_equal_transformers(hf_model):
+    """advpt's training step (last layer at the masked rows only) and transformers' full
+    forward give the same gradients."""
+    reference, path = copy.deepcopy(hf_model[0]).train(), hf_model[1]
+    model = load_hf_esm(path).train()
+    ids, valid, masked, inputs = _batch()
+    labels = torch.where(masked, ids, torch.full_like(ids, -100))
+    model(inputs, valid, ids, masked, int(masked.sum())).loss.backward()
+    reference(input_ids=inputs, attention_mask=valid.long(), labels=labels).loss.backward()
+    hf, ours = reference.esm, model.encoder
+    first = hf.encoder.layer[0].attention.self
+    qkv = torch.cat([first.query.weight.grad, first.key.weight.grad, first.value.weight.grad])
+    pairs = [
+        (ours.token_embedding.weight, hf.embeddings.word_embeddings.weight.grad),
+        (ours.layers[0].attention.qkv.weight, qkv),
+        (ours.layers[-1].ffn_in.weight, hf.encoder.layer[-1].intermediate.dense.weight.grad),
+        (ours.final_norm.weight, hf.encoder.emb_layer_norm_after.weight.grad),
+        (model.head.dense.weight, reference.lm_head.dense.weight.grad),
+    ]
+    for param, expected in pairs:
+        _assert_relative(param.grad, expected, rel=1e-4)
+
+
+def test_masking_draws_only_esm_residues():
+    g = torch.Generator().manual_seed(0)
+    letters = torch.tensor([int(ESM.byte_to_id[ord(c)]) for c in "ACDEFGHIKLMNPQRSTVWY"])
+    examples = [
+        ESM.encode("".join("ACDEFGHIKLMNPQRSTVWY"[i] for i in torch.randint(20, (n,), generator=g)))
+        for n in (300, 200, 120)
+    ]
+    batch = MaskingCollator(0.3, 0.2, 0, ESM)(examples, batch_number=0)
+    assert batch.ids[2, 122:].eq(ESM.pad_id).all() and not batch.valid[2, 122:].any()
+    specials = ~ESM.is_residue(batch.ids)
+    assert not (batch.random_masked & specials).any() and not (batch.eligible & specials).any()
+    replaced = batch.random_masked & (batch.inputs != batch.ids) & (batch.inputs != ESM.mask_id)
+    assert replaced.sum() > 5 and ESM.is_residue(batch.inputs[replaced]).all()
+    assert ESM.is_residue(letters).all()
+
+    scores = torch.randn(*batch.ids.shape, num_scores(ESM), generator=g)
+    scores[..., 1:3] = -10.0  # the noiser prefers replacing: every choice is a residue's option
+    sample = adversarial_corrupt(
+        scores, batch.inputs, batch.eligible, batch.budget, batch.max_budget, ESM
+    )
+    chosen = sample.ids[sample.positions]
+    assert chosen.numel() == int(batch.budget.sum()) and ESM.is_residue(chosen).all()
+    assert torch.equal(sample.ids[~sample.positions], batch.inputs[~sample.positions])
+
+
+def test_init_from_checks_the_preset_and_the_head(hf_model, tmp_path):
+    reference, path = hf_model
+    with pytest.raises(ConfigError, match="pass --encoder esm2_tiny"):
+        init_from(MaskedLanguageModel(ENCODER_PRESETS["tiny"]), str(path), "tiny")
+    with pytest.raises(ConfigError, match="no encoder preset has its shape"):
+        save_tiny_esm(tmp_path / "wide", intermediate_size=96)
+        init_from(MaskedLanguageModel(ENCODER_PRESETS["esm2_tiny"]), str(tmp_path / "wide"), "x")
+    (tmp_path / "body").mkdir()
+    (tmp_path / "body" / "config.json").write_bytes((path / "config.json").read_bytes())
+    torch.save(reference.esm.state_dict(), tmp_path / "body" / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="without an MLM head"):
+        init_from(MaskedLanguageModel(ENCODER_PRESETS["esm2_tiny"]), str(tmp_path / "body"), "x")
+    model = MaskedLanguageModel(ENCODER_PRESETS["esm2_tiny"])
+    init_from(model, str(path), "esm2_tiny")
+    assert torch.equal(model.encoder.token_embedding.weight, reference.lm_head.decoder.weight)

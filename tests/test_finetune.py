@@ -227,17 +227,19 @@ def test_secondary_structure_options_and_bad_records(tmp_path):
 # ----------------------------------------------------------------------------- fine-tuning
 
 
+@pytest.mark.parametrize("preset", ["tiny", "esm2_tiny"])
 @pytest.mark.parametrize(
     "kind, pooling", [(PER_RESIDUE, "mean"), (PER_SEQUENCE, "mean"), (REGRESSION, "cls")]
 )
-def test_task_outputs_do_not_depend_on_padding(kind, pooling):
+def test_task_outputs_do_not_depend_on_padding(kind, pooling, preset):
     torch.manual_seed(0)
-    encoder = MaskedLanguageModel(ENCODER_PRESETS["tiny"]).encoder
+    encoder = MaskedLanguageModel(ENCODER_PRESETS[preset]).encoder
     model = TaskModel(encoder, kind, 3, HeadConfig(pooling=pooling)).eval()
-    tokens = [np.array([2, 7, 9, 11, 3]), np.array([2, 5, 6, 7, 8, 9, 10, 11, 12, 3])]
+    vocab = encoder.cfg.vocabulary
+    tokens = [vocab.encode("CEG"), vocab.encode("ABCDEFGH")]
     targets = {PER_RESIDUE: [np.array([-1, 0, 1, 2, -1]), np.array([-1] + [1] * 8 + [-1])],
                PER_SEQUENCE: [0, 2], REGRESSION: [0.5, 1.5]}[kind]  # fmt: skip
-    split = TaskSplit("s", Path("s"), tokens, targets)
+    split = TaskSplit("s", Path("s"), tokens, targets, vocab)
     together = collate(split, [0, 1], kind)
     alone = collate(split, [0], kind)
     with torch.no_grad():

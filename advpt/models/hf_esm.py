@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from advpt.errors import CheckpointError
-from advpt.models.encoder import EncoderConfig, Esm2Encoder, MaskedLanguageModel
+from advpt.models.encoder import EncoderConfig, Esm2Encoder, MaskedLanguageModel, RotaryEmbedding
 from advpt.tokenizer import ESM
 
 SAFETENSORS, BIN = "model.safetensors", "pytorch_model.bin"
@@ -92,10 +92,10 @@ def is_hf_esm_dir(root: Path) -> bool:
 def encoder_config(config: dict[str, Any], source: Path) -> EncoderConfig:
     """advpt's :class:`EncoderConfig` for a ``transformers`` ESM ``config.json`` (``source``)."""
     for key, wanted in _REQUIRED.items():
-        if bool(config.get(key)) != bool(wanted) or (wanted and config.get(key) != wanted):
+        value = config.get(key)
+        if value != wanted and not (wanted is False and not value):  # unset flags read false
             raise CheckpointError(
-                f"{source} sets {key} = {config.get(key)!r}; advpt reads ESM-2 models "
-                f"({key} = {wanted!r})"
+                f"{source} sets {key} = {value!r}; advpt reads ESM-2 models ({key} = {wanted!r})"
             )
     missing = [hf_key for hf_key in _CONFIG.values() if hf_key not in config]
     if missing:
@@ -134,9 +134,12 @@ def _read_safetensors(path: Path) -> State:
 
 def _read_bin(path: Path) -> State:
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
         raise CheckpointError(f"cannot read weights {path}: {err}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a state dict")
+    return state
 
 
 def _canonical_names(hf: State) -> State:
@@ -152,15 +155,16 @@ def _canonical_names(hf: State) -> State:
     for name, tensor in hf.items():
         if name.endswith("rotary_embeddings.inv_freq"):
             name = _EMBEDDINGS["rotary.inv_freq"]
-        elif "LayerNorm" in name or "layer_norm" in name:
-            name = name.removesuffix(".gamma").removesuffix(".beta") + (
-                ".weight" if name.endswith(".gamma") else ".bias" if name.endswith(".beta") else ""
-            )
+        elif name.endswith((".gamma", ".beta")):
+            stem, kind = name.rsplit(".", 1)
+            name = f"{stem}.{'weight' if kind == 'gamma' else 'bias'}"
         out[name] = tensor
     return out
 
 
-def _advpt_state(hf: State, cfg: EncoderConfig, source: Path) -> tuple[State, State | None]:
+def _advpt_state(
+    hf: State, cfg: EncoderConfig, rope_theta: float, source: Path
+) -> tuple[State, State | None]:
     """advpt's encoder and MLM head tensors (the head None when ``hf`` has none)."""
 
     def get(name: str) -> torch.Tensor:
@@ -171,10 +175,10 @@ def _advpt_state(hf: State, cfg: EncoderConfig, source: Path) -> tuple[State, St
     encoder = {
         name: get(hf_name) for name, hf_name in _EMBEDDINGS.items() if name != "rotary.inv_freq"
     }
-    # Older exports without stored frequencies get ESM's own, computed as Esm2Encoder does.
-    encoder["rotary.inv_freq"] = hf.get(
-        _EMBEDDINGS["rotary.inv_freq"], Esm2Encoder(cfg).rotary.inv_freq
-    )
+    # Weights without stored frequencies get them computed, as transformers does then.
+    head_size = cfg.hidden_size // cfg.num_heads
+    computed = RotaryEmbedding(head_size, rope_theta).inv_freq
+    encoder["rotary.inv_freq"] = hf.get(_EMBEDDINGS["rotary.inv_freq"], computed)
     for i in range(cfg.num_layers):
         src = f"esm.encoder.layer.{i}."
         for kind in ("weight", "bias"):
@@ -205,7 +209,8 @@ def load_hf_esm(hf_dir: str | Path) -> MaskedLanguageModel | Esm2Encoder:
     except (OSError, json.JSONDecodeError) as err:
         raise CheckpointError(f"cannot read {root / 'config.json'}: {err}") from None
     cfg = encoder_config(config, root / "config.json")
-    encoder_state, head_state = _advpt_state(_canonical_names(_read_weights(root)), cfg, root)
+    hf = _canonical_names(_read_weights(root))
+    encoder_state, head_state = _advpt_state(hf, cfg, config.get("rope_theta", 10000.0), root)
     if head_state is None:
         module, state = Esm2Encoder(cfg), encoder_state
     else:
