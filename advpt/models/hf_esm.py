@@ -24,26 +24,21 @@ from safetensors.torch import load_file, save_file
 
 from advpt.errors import CheckpointError
 from advpt.models.encoder import EncoderConfig, Esm2Encoder, MaskedLanguageModel, RotaryEmbedding
+from advpt.models.pretrained import (
+    BERT_CONFIG,
+    CONFIG_FILE,
+    State,
+    layers_from_bert,
+    layers_to_bert,
+    load_into,
+    read_json,
+)
 from advpt.tokenizer import ESM
 
 SAFETENSORS, BIN = "model.safetensors", "pytorch_model.bin"
 
-State = dict[str, torch.Tensor]
-
 # EncoderConfig field -> transformers EsmConfig field.
-_CONFIG = {
-    "vocab_size": "vocab_size",
-    "hidden_size": "hidden_size",
-    "num_layers": "num_hidden_layers",
-    "num_heads": "num_attention_heads",
-    "intermediate_size": "intermediate_size",
-    "dropout": "hidden_dropout_prob",
-    "attention_dropout": "attention_probs_dropout_prob",
-    "max_positions": "max_position_embeddings",
-    "layer_norm_eps": "layer_norm_eps",
-    "initializer_range": "initializer_range",
-    "token_dropout": "token_dropout",
-}
+_CONFIG = {**BERT_CONFIG, "token_dropout": "token_dropout"}
 # What advpt's ESM-2 is; a config that says otherwise (ESM-1b's learned positions and embedding
 # LayerNorm, ESMFold) is another model.
 _REQUIRED = {
@@ -69,7 +64,6 @@ _LAYER = {
     "ffn_out": "output.dense",
     "ffn_norm": "LayerNorm",
 }
-_QKV = ("query", "key", "value")
 _HEAD = {
     "dense.weight": "lm_head.dense.weight",
     "dense.bias": "lm_head.dense.bias",
@@ -179,13 +173,7 @@ def _advpt_state(
     head_size = cfg.hidden_size // cfg.num_heads
     computed = RotaryEmbedding(head_size, rope_theta).inv_freq
     encoder["rotary.inv_freq"] = hf.get(_EMBEDDINGS["rotary.inv_freq"], computed)
-    for i in range(cfg.num_layers):
-        src = f"esm.encoder.layer.{i}."
-        for kind in ("weight", "bias"):
-            parts = [get(f"{src}attention.self.{p}.{kind}") for p in _QKV]
-            encoder[f"layers.{i}.attention.qkv.{kind}"] = torch.cat(parts)
-            for name, hf_name in _LAYER.items():
-                encoder[f"layers.{i}.{name}.{kind}"] = get(f"{src}{hf_name}.{kind}")
+    encoder |= layers_from_bert(get, "esm.encoder.layer.", _LAYER, cfg.num_layers)
     if not any(name.startswith("lm_head.") for name in hf):
         return encoder, None
     head = {name: get(hf_name) for name, hf_name in _HEAD.items()}
@@ -204,11 +192,8 @@ def load_hf_esm(hf_dir: str | Path) -> MaskedLanguageModel | Esm2Encoder:
     ``EsmModel`` weights (no LM head).
     """
     root = Path(hf_dir)
-    try:
-        config = json.loads((root / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"cannot read {root / 'config.json'}: {err}") from None
-    cfg = encoder_config(config, root / "config.json")
+    config = read_json(root / CONFIG_FILE)
+    cfg = encoder_config(config, root / CONFIG_FILE)
     hf = _canonical_names(_read_weights(root))
     encoder_state, head_state = _advpt_state(hf, cfg, config.get("rope_theta", 10000.0), root)
     if head_state is None:
@@ -218,32 +203,17 @@ def load_hf_esm(hf_dir: str | Path) -> MaskedLanguageModel | Esm2Encoder:
         state = {f"encoder.{k}": v for k, v in encoder_state.items()}
         state |= {f"head.{k}": v for k, v in head_state.items()}
         state["head.token_embedding.weight"] = encoder_state["token_embedding.weight"]
-    try:
-        module.load_state_dict({name: t.float() for name, t in state.items()})
-    except RuntimeError as err:
-        lines = str(err).strip().splitlines()
-        detail = lines[1].strip() if len(lines) > 1 else lines[0]
-        raise CheckpointError(
-            f"{root} does not fit the model its config describes: {detail}"
-        ) from None
-    return module.eval()
+    return load_into(module, state, root)
 
 
 def hf_state(model: MaskedLanguageModel) -> State:
     """``model``'s tensors under ``EsmForMaskedLM``'s names, fp32 (the tied decoder left out,
     as ``transformers`` itself saves it)."""
-    ours = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
-    cfg = model.encoder.cfg
-    state = {hf_name: ours[f"encoder.{name}"] for name, hf_name in _EMBEDDINGS.items()}
-    for i in range(cfg.num_layers):
-        dst = f"esm.encoder.layer.{i}."
-        for kind in ("weight", "bias"):
-            fused = ours[f"encoder.layers.{i}.attention.qkv.{kind}"].chunk(3)
-            for part, tensor in zip(_QKV, fused, strict=True):
-                state[f"{dst}attention.self.{part}.{kind}"] = tensor.clone()
-            for name, hf_name in _LAYER.items():
-                state[f"{dst}{hf_name}.{kind}"] = ours[f"encoder.layers.{i}.{name}.{kind}"]
-    state |= {hf_name: ours[f"head.{name}"] for name, hf_name in _HEAD.items()}
+    encoder = {k: v.detach().float().contiguous() for k, v in model.encoder.state_dict().items()}
+    head = {k: v.detach().float().contiguous() for k, v in model.head.state_dict().items()}
+    state = {hf_name: encoder[name] for name, hf_name in _EMBEDDINGS.items()}
+    state |= layers_to_bert(encoder, "esm.encoder.layer.", _LAYER, model.encoder.cfg.num_layers)
+    state |= {hf_name: head[name] for name, hf_name in _HEAD.items()}
     return state
 
 

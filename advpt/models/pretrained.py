@@ -23,7 +23,7 @@ import dataclasses
 import json
 import pickle
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -231,6 +231,58 @@ def load_task_model(model_dir: str | Path) -> TaskModel:
     return load_into(model, _load_safetensors(root / EXPORT_WEIGHTS), root / EXPORT_WEIGHTS)
 
 
+# ----------------------------------------------------------------------------- BERT layouts
+
+
+# EncoderConfig field -> the BERT-style config's (TAPE's ProteinBertConfig, EsmConfig).
+BERT_CONFIG = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "intermediate_size": "intermediate_size",
+    "dropout": "hidden_dropout_prob",
+    "attention_dropout": "attention_probs_dropout_prob",
+    "max_positions": "max_position_embeddings",
+    "layer_norm_eps": "layer_norm_eps",
+    "initializer_range": "initializer_range",
+}
+
+
+def layers_from_bert(
+    get: Callable[[str], torch.Tensor], prefix: str, names: dict[str, str], num_layers: int
+) -> State:
+    """advpt's transformer-layer tensors from a BERT-layout checkpoint (TAPE's, ESM's).
+
+    Layer ``i``'s tensors there are named ``{prefix}{i}.`` + ``attention.self.{query,key,value}``
+    (fused here into ``qkv``, in that order) or a name ``names`` maps advpt's to; ``get``
+    returns the checkpoint's tensor of a name (or raises for a missing one).
+    """
+    state = {}
+    for i in range(num_layers):
+        src = f"{prefix}{i}."
+        for kind in ("weight", "bias"):
+            parts = [get(f"{src}attention.self.{p}.{kind}") for p in _QKV]
+            state[f"layers.{i}.attention.qkv.{kind}"] = torch.cat(parts)
+            for name, theirs in names.items():
+                state[f"layers.{i}.{name}.{kind}"] = get(f"{src}{theirs}.{kind}")
+    return state
+
+
+def layers_to_bert(ours: State, prefix: str, names: dict[str, str], num_layers: int) -> State:
+    """The inverse of :func:`layers_from_bert`: ``ours`` holds an encoder's tensors."""
+    state = {}
+    for i in range(num_layers):
+        dst = f"{prefix}{i}."
+        for kind in ("weight", "bias"):
+            fused = ours[f"layers.{i}.attention.qkv.{kind}"].chunk(3)
+            for part, tensor in zip(_QKV, fused, strict=True):
+                state[f"{dst}attention.self.{part}.{kind}"] = tensor.clone()
+            for name, theirs in names.items():
+                state[f"{dst}{theirs}.{kind}"] = ours[f"layers.{i}.{name}.{kind}"]
+    return state
+
+
 # ----------------------------------------------------------------------------- TAPE
 
 
@@ -247,27 +299,12 @@ _TAPE_LAYER = {
     "ffn_out": "output.dense",
     "ffn_norm": "output.LayerNorm",
 }
-_TAPE_QKV = ("query", "key", "value")
-
-
-# EncoderConfig field -> ProteinBertConfig field.
-_TAPE_CONFIG = {
-    "vocab_size": "vocab_size",
-    "hidden_size": "hidden_size",
-    "num_layers": "num_hidden_layers",
-    "num_heads": "num_attention_heads",
-    "intermediate_size": "intermediate_size",
-    "dropout": "hidden_dropout_prob",
-    "attention_dropout": "attention_probs_dropout_prob",
-    "max_positions": "max_position_embeddings",
-    "layer_norm_eps": "layer_norm_eps",
-    "initializer_range": "initializer_range",
-}
+_QKV = ("query", "key", "value")
 
 
 def tape_config(cfg: EncoderConfig) -> dict[str, Any]:
     """TAPE ``ProteinBertConfig`` settings for an advpt encoder config."""
-    config = {tape_key: getattr(cfg, key) for key, tape_key in _TAPE_CONFIG.items()}
+    config = {tape_key: getattr(cfg, key) for key, tape_key in BERT_CONFIG.items()}
     return {**config, "hidden_act": "gelu", "type_vocab_size": 2}
 
 
@@ -276,10 +313,10 @@ def _encoder_config_from_tape(config: dict[str, Any], source: Path) -> EncoderCo
         raise CheckpointError(
             f"{source} uses activation {config['hidden_act']!r}; advpt's encoder uses gelu"
         )
-    missing = [tape_key for tape_key in _TAPE_CONFIG.values() if tape_key not in config]
+    missing = [tape_key for tape_key in BERT_CONFIG.values() if tape_key not in config]
     if missing:
         raise CheckpointError(f"{source} has no {missing[0]!r} setting")
-    return EncoderConfig(**{key: config[tape_key] for key, tape_key in _TAPE_CONFIG.items()})
+    return EncoderConfig(**{key: config[tape_key] for key, tape_key in BERT_CONFIG.items()})
 
 
 def load_tape(tape_dir: str | Path) -> ProteinEncoder:
@@ -303,13 +340,7 @@ def load_tape(tape_dir: str | Path) -> ProteinEncoder:
         get("embeddings.position_embeddings.weight")
         + get("embeddings.token_type_embeddings.weight")[0]
     )
-    for i in range(cfg.num_layers):
-        src = f"encoder.layer.{i}."
-        for kind in ("weight", "bias"):
-            parts = [get(f"{src}attention.self.{p}.{kind}") for p in _TAPE_QKV]
-            state[f"layers.{i}.attention.qkv.{kind}"] = torch.cat(parts)
-            for name, tape_name in _TAPE_LAYER.items():
-                state[f"layers.{i}.{name}.{kind}"] = get(f"{src}{tape_name}.{kind}")
+    state |= layers_from_bert(get, "encoder.layer.", _TAPE_LAYER, cfg.num_layers)
     return build_encoder(cfg, state, weights)
 
 
@@ -329,12 +360,5 @@ def save_tape(encoder: Encoder, out_dir: Path) -> None:
     state = {tape_name: ours[name] for name, tape_name in _TAPE_EMBEDDINGS.items()}
     state["embeddings.position_embeddings.weight"] = ours["position_embedding.weight"]
     state["embeddings.token_type_embeddings.weight"] = torch.zeros(2, cfg.hidden_size)
-    for i in range(cfg.num_layers):
-        dst = f"encoder.layer.{i}."
-        for kind in ("weight", "bias"):
-            fused = ours[f"layers.{i}.attention.qkv.{kind}"].chunk(3)
-            for part, tensor in zip(_TAPE_QKV, fused, strict=True):
-                state[f"{dst}attention.self.{part}.{kind}"] = tensor.clone()
-            for name, tape_name in _TAPE_LAYER.items():
-                state[f"{dst}{tape_name}.{kind}"] = ours[f"layers.{i}.{name}.{kind}"]
+    state |= layers_to_bert(ours, "encoder.layer.", _TAPE_LAYER, cfg.num_layers)
     torch.save(state, out_dir / TAPE_WEIGHTS)
