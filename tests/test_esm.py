@@ -223,3 +223,11 @@ def test_init_from_checks_the_preset_and_the_head(hf_model, tmp_path):
     model = MaskedLanguageModel(ENCODER_PRESETS["esm2_tiny"])
     init_from(model, str(path), "esm2_tiny")
     assert torch.equal(model.encoder.token_embedding.weight, reference.lm_head.decoder.weight)
+
+
+def test_sharded_checkpoint_loads(hf_model, tmp_path):
+    reference, path = hf_model
+    reference.save_pretrained(tmp_path, max_shard_size="100KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    model = load_hf_esm(tmp_path)
+    torch.testing.assert_close(model.state_dict(), load_hf_esm(path).state_dict(), rtol=0, atol=0)

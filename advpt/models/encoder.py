@@ -64,13 +64,11 @@ class EncoderConfig:
     def architecture(self) -> dict[str, Any]:
         """The settings that decide what the model computes: all but the training-only ones
         (dropout, initialisation, activation checkpointing)."""
-        training_only = ("dropout", "attention_dropout", "initializer_range")
         settings = dataclasses.asdict(self)
-        return {
-            k: v
-            for k, v in settings.items()
-            if k not in (*training_only, "activation_checkpointing")
-        }
+        return {k: v for k, v in settings.items() if k not in _TRAINING_ONLY}
+
+
+_TRAINING_ONLY = ("dropout", "attention_dropout", "initializer_range", "activation_checkpointing")
 
 
 def _esm2(layers: int, hidden: int, heads: int) -> EncoderConfig:
@@ -273,6 +271,8 @@ class RotaryEmbedding(nn.Module):
         return angles.cos(), angles.sin()
 
     def _apply(self, fn, recurse=True):
+        """What ``.to()``, ``.half()``, ``.bfloat16()`` and the like run: ``inv_freq`` moves
+        with the module but keeps float32."""
         inv_freq = self.inv_freq
         super()._apply(fn, recurse)
         self.inv_freq = inv_freq.to(self.inv_freq.device)  # follow moves, not casts

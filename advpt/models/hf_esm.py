@@ -77,7 +77,7 @@ _DECODER = "lm_head.decoder.weight"  # tied to the word embeddings in every ESM-
 def is_hf_esm_dir(root: Path) -> bool:
     """Whether ``root`` holds a ``transformers`` ESM model (``config.json`` of model_type esm)."""
     try:
-        config = json.loads((root / "config.json").read_text())
+        config = json.loads((root / CONFIG_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         return False
     return isinstance(config, dict) and config.get("model_type") == "esm"
