@@ -17,8 +17,9 @@ from advpt.finetune import Finetuner
 from advpt.models import MaskedLanguageModel
 from advpt.models.pretrained import load_masked_lm
 from advpt.tokenizer import ESM
+from advpt.train import main as train_main
 from advpt.training.consolidate import load_model
-from tests.helpers import build_tiny_trainer, save_tiny_esm
+from tests.helpers import build_tiny_trainer, save_tiny_esm, tiny_run_args
 from tests.test_finetune import finetune_args, write_task
 
 transformers = pytest.importorskip("transformers")
@@ -97,3 +98,10 @@ def test_finetuning_reads_a_transformers_esm_directory(tmp_path, distributed):
     )
     results = finetuner.train()
     assert results["steps"] == 2 and results["splits"]["valid"]["count"] > 0
+
+
+def test_a_bad_init_from_is_one_sentence(tmp_path, distributed, capsys):
+    args = tiny_run_args(tmp_path, tmp_path / "run") + ["--num_workers", "0"]
+    assert train_main([*args, "--init_from", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a directory" in err
