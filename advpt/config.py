@@ -40,7 +40,10 @@ Schedule = Literal["alternating", "simultaneous"]
 Estimator = Literal["mixed", "importance"]
 SamplerBackend = Literal["auto", "torch", "cuda"]
 NoiserArch = Literal["gru", "transformer"]
-EncoderPreset = Literal["tape-base", "small", "tiny"]
+EncoderPreset = Literal[
+    "tape-base", "small", "tiny",
+    "esm2_t6_8M", "esm2_t12_35M", "esm2_t30_150M", "esm2_t33_650M", "esm2_t36_3B", "esm2_tiny",
+]  # fmt: skip
 NoiserPreset = Literal["paper", "small", "tiny"]
 Task = Literal["secondary_structure", "remote_homology", "fluorescence", "stability"]
 SecondaryStructureLabels = Literal["ss3", "ss8"]
@@ -86,7 +89,12 @@ class ModelConfig:
     """Model architectures and sizes (presets of ``advpt.models``)."""
 
     encoder: EncoderPreset = "tape-base"
-    """Encoder size: tape-base is the paper's (TAPE's transformer); small and tiny for CPUs."""
+    """Encoder and its vocabulary: tape-base is the paper's (TAPE's transformer), small and tiny
+    for CPUs; esm2_* are ESM-2's published sizes (ESM's alphabet), esm2_tiny for tests."""
+    init_from: str = ""
+    """Start from this pre-trained masked LM instead of a random encoder (continued
+    pre-training): a local Hugging Face EsmForMaskedLM directory, an advpt export with its MLM
+    head, or an advpt run directory; --encoder must name its architecture. Empty: random init."""
     noiser: NoiserPreset = "paper"
     """Noiser size: paper is the paper's GRU (3 layers, 1024 in, 512 out)."""
     noiser_arch: NoiserArch = "gru"
@@ -289,8 +297,8 @@ class FinetuneConfig:
     data_dir: str = "data/tape"
     """TAPE data root holding <task>/<task>_<split>.lmdb or .json."""
     pretrained: str = "none"
-    """advpt run directory, advpt export directory, TAPE save_pretrained directory, or none
-    (a freshly initialised --encoder)."""
+    """advpt run directory, advpt export directory, TAPE save_pretrained directory, Hugging Face
+    ESM-2 directory (EsmForMaskedLM or EsmModel), or none (a freshly initialised --encoder)."""
     encoder: EncoderPreset = "tape-base"
     """Encoder preset for --pretrained none."""
     run_dir: str = ""

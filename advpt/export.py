@@ -1,35 +1,82 @@
-"""Export a pre-trained encoder: ``python -m advpt.export SOURCE OUT_DIR [--format advpt|tape]``.
+"""Export a pre-trained model: ``python -m advpt.export SOURCE OUT_DIR [--format advpt|tape|hf]``.
 
 ``SOURCE`` is an advpt run directory (its newest complete checkpoint, any ZeRO stage, fp32), an
-earlier export or a TAPE ``save_pretrained`` directory. ``--format advpt`` (default) writes
-``config.json`` + ``model.safetensors``, which load without DeepSpeed::
+earlier export, a Hugging Face ESM-2 directory or a TAPE ``save_pretrained`` directory.
 
-    from advpt.models.pretrained import load_export
-    encoder = load_export(OUT_DIR)          # a ProteinEncoder: encoder(ids, valid) -> [B, L, H]
+``--format advpt`` (default) writes ``config.json`` + ``model.safetensors``, the encoder and (when
+the source has one) its MLM head, which load without DeepSpeed::
 
-``--format tape`` writes TAPE's ``config.json`` + ``pytorch_model.bin``, for
+    from advpt.models.pretrained import load_export, load_masked_lm
+    encoder = load_export(OUT_DIR)          # encoder(ids, valid) -> [B, L, H]
+    model = load_masked_lm(OUT_DIR)         # model.head(model.encoder(ids, valid)) -> [B, L, V]
+
+``--format tape`` writes TAPE's ``config.json`` + ``pytorch_model.bin`` (TAPE encoders), for
 ``tape.ProteinBertModel.from_pretrained(OUT_DIR)``.
+
+``--format hf`` writes an ``EsmForMaskedLM`` directory with ESM's tokenizer files (ESM-2 models
+with their MLM head; needs ``transformers``, the ``hf`` extra), for
+``transformers.AutoModelForMaskedLM.from_pretrained(OUT_DIR)`` and ``AutoTokenizer``.
+
+The files are written to a temporary directory beside ``OUT_DIR`` and moved in when complete,
+``config.json`` last, readable by everyone (mode 0644): an interrupted export leaves no
+``config.json`` behind, and so nothing that looks like a model.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from advpt.config import DEBUG_HELP
 from advpt.errors import EXIT_BAD_INPUT, CheckpointError, OutputError, cannot_write, report
-from advpt.models.pretrained import CONFIG_FILE, save_export, save_tape
-from advpt.training.consolidate import load_encoder
+from advpt.models.encoder import Encoder, MaskedLanguageModel
+from advpt.models.hf_esm import save_hf_esm
+from advpt.models.pretrained import CONFIG_FILE, encoder_of, save_export, save_tape
+from advpt.training.consolidate import load_model
 
-WRITERS = {"advpt": save_export, "tape": save_tape}
+Model = MaskedLanguageModel | Encoder
+
+
+def _write_hf(model: Model, out_dir: Path) -> None:
+    if not isinstance(model, MaskedLanguageModel):
+        raise CheckpointError("--format hf writes EsmForMaskedLM: the source has no MLM head")
+    save_hf_esm(model, out_dir)
+
+
+WRITERS: dict[str, Callable[[Model, Path], None]] = {
+    "advpt": save_export,
+    "tape": lambda model, out_dir: save_tape(encoder_of(model), out_dir),
+    "hf": _write_hf,
+}
+
+
+def write_export(model: Model, out_dir: Path, fmt: str) -> None:
+    """Write ``model`` in format ``fmt`` to ``out_dir``: complete, 0644, ``config.json`` last."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        WRITERS[fmt](model, staging)
+        out_dir.mkdir(exist_ok=True)
+        files = sorted(staging.iterdir(), key=lambda f: f.name == CONFIG_FILE)
+        for file in files:
+            os.chmod(file, 0o644)
+            os.replace(file, out_dir / file.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Exit code 0, or 2 with one sentence: a source it cannot read, an output it cannot write."""
-    parser = argparse.ArgumentParser(description="Export a pre-trained advpt or TAPE encoder.")
-    parser.add_argument("source", help="advpt run directory, advpt export or TAPE directory")
-    parser.add_argument("out_dir", help="directory to write (must not hold an encoder yet)")
+    parser = argparse.ArgumentParser(description="Export a pre-trained advpt, ESM-2 or TAPE model.")
+    parser.add_argument(
+        "source", help="advpt run directory or export, Hugging Face ESM-2 or TAPE directory"
+    )
+    parser.add_argument("out_dir", help="directory to write (must not hold a model yet)")
     parser.add_argument("--format", choices=sorted(WRITERS), default="advpt")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
@@ -39,15 +86,16 @@ def main(argv: list[str] | None = None) -> int:
             raise OutputError(f"{out_dir} is a file, not a directory; choose another OUT_DIR")
         if (out_dir / CONFIG_FILE).exists():
             raise OutputError(f"{out_dir} already holds {CONFIG_FILE}; choose another OUT_DIR")
-        encoder = load_encoder(args.source)
+        model = load_model(args.source)
         try:
-            WRITERS[args.format](encoder, out_dir)
+            write_export(model, out_dir, args.format)
         except OSError as err:
             raise cannot_write(err, out_dir) from err
     except (CheckpointError, OutputError) as exc:
         return report(exc, EXIT_BAD_INPUT, args.debug)
-    size = sum(p.numel() for p in encoder.parameters())
-    print(f"wrote the {args.format} encoder ({size:,} parameters) to {out_dir}")
+    size = sum(p.numel() for p in model.parameters())
+    what = "masked LM" if isinstance(model, MaskedLanguageModel) else "encoder"
+    print(f"wrote the {args.format} {what} ({size:,} parameters) to {out_dir}")
     return 0
 
 

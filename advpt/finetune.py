@@ -4,7 +4,9 @@
     deepspeed advpt/finetune.py --deepspeed_config ds_configs/finetune.json --task ... (GPUs)
 
 ``--pretrained`` is an advpt run directory, an ``advpt.export`` directory, a TAPE
-``save_pretrained`` directory, or ``none`` (random init of ``--encoder``). The model is the
+``save_pretrained`` directory, a Hugging Face ESM-2 directory (``EsmForMaskedLM`` or
+``EsmModel``, read without ``transformers``), or ``none`` (random init of ``--encoder``). The
+task's sequences are tokenized with the encoder's own vocabulary. The model is the
 encoder plus TAPE's head for the task, trained end to end in one DeepSpeed engine with a
 warmup + linear-decay schedule. The validation split is scored every ``--eval_every`` steps
 (default: once per epoch); training stops after ``--patience`` scores without improvement, and
@@ -49,7 +51,7 @@ from advpt.errors import (  # noqa: E402
     debug_requested,
     report,
 )
-from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, ProteinEncoder  # noqa: E402
+from advpt.models import ENCODER_PRESETS, Encoder, MaskedLanguageModel  # noqa: E402
 from advpt.models.heads import HeadConfig, TaskModel  # noqa: E402
 from advpt.models.pretrained import save_task_model  # noqa: E402
 from advpt.tasks import (  # noqa: E402
@@ -154,7 +156,7 @@ def evaluate(
 # ----------------------------------------------------------------------------- fine-tuning
 
 
-def build_encoder(config: FinetuneConfig) -> ProteinEncoder:
+def build_encoder(config: FinetuneConfig) -> Encoder:
     """The pre-trained encoder, or a freshly initialised one (as pre-training starts) for none."""
     if config.pretrained == "none":
         return MaskedLanguageModel(ENCODER_PRESETS[config.encoder]).encoder
@@ -175,8 +177,13 @@ class Finetuner:
         encoder = build_encoder(config)
         self.splits = {
             name: read_split(
-                config.data_dir, self.spec, name, encoder.cfg.max_positions, config.use_valid_mask
-            )
+                config.data_dir,
+                self.spec,
+                name,
+                encoder.cfg.max_positions,
+                encoder.cfg.vocabulary,
+                config.use_valid_mask,
+            )  # fmt: skip
             for name in self.spec.splits
         }
         rank, world = dist.get_rank(), dist.get_world_size()

@@ -59,7 +59,6 @@ import torch  # noqa: E402
 from advpt.config import VARIANTS, parse_config  # noqa: E402
 from advpt.data.stream import stream_loader  # noqa: E402
 from advpt.models import ENCODER_PRESETS  # noqa: E402
-from advpt.tokenizer import VOCAB_SIZE  # noqa: E402
 from advpt.training.build import build_trainer, init_distributed  # noqa: E402
 from advpt.training.schedule import NOISER  # noqa: E402
 
@@ -175,6 +174,7 @@ def measure(args, mode: str, cell: dict, work: Path, device: torch.device) -> di
     trainer = build(args, mode, cell, work, device)
     data = iter(stream_loader(trainer.stream, 0, args.workers))
     body, layers, hidden = body_parameters(args.preset)
+    vocab_size = ENCODER_PRESETS[args.preset].vocab_size
 
     def run(encoder_updates: int) -> tuple[int, int, int, float]:
         tokens = slots = sequences = 0
@@ -193,7 +193,7 @@ def measure(args, mode: str, cell: dict, work: Path, device: torch.device) -> di
                     sequences += batch.ids.shape[0]
                     flops += 6.0 * body * batch.num_tokens
                     flops += 12.0 * layers * hidden * length * batch.num_tokens
-                    flops += 6.0 * (hidden * hidden + hidden * VOCAB_SIZE) * batch.num_masked
+                    flops += 6.0 * (hidden * hidden + hidden * vocab_size) * batch.num_masked
             trainer.schedule.advance()
             done += updates_encoder
         return tokens, slots, sequences, flops

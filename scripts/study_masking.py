@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 from advpt.config import VARIANTS, TrainConfig, parse_config  # noqa: E402
 from advpt.data.collate import MaskingCollator  # noqa: E402
 from advpt.data.dataset import CroppedView, ProteinDataset, train_val_split  # noqa: E402
+from advpt.models import ENCODER_PRESETS  # noqa: E402
 from advpt.training.build import build_trainer, init_distributed  # noqa: E402
 from advpt.training.trainer import Trainer  # noqa: E402
 
@@ -100,7 +101,8 @@ def run_config(variant: str, size: Size, runs: Path, seed: int) -> TrainConfig:
 def held_out_view(config: TrainConfig) -> CroppedView:
     """The held-out records of ``config``'s split (as ``advpt.train`` makes it)."""
     d = config.data
-    dataset = ProteinDataset.from_path(d.data, d.unknown_to_unk, d.skip_bad_records)
+    vocab = ENCODER_PRESETS[config.model.encoder].vocabulary
+    dataset = ProteinDataset.from_path(d.data, vocab, d.unknown_to_unk, d.skip_bad_records)
     _, val_idx = train_val_split(len(dataset), d.val_fraction, config.run.seed)
     return CroppedView(dataset, val_idx, d.max_length, config.run.seed)
 
@@ -114,7 +116,7 @@ def score(trainer: Trainer, view: CroppedView, draws: int, micro_batch: int) -> 
     rate = sum(trainer.config.masking_rates())
     results = []
     for draw in range(draws):
-        collate = MaskingCollator(rate, 0.0, seed=10_000 + draw)
+        collate = MaskingCollator(rate, 0.0, 10_000 + draw, trainer.vocab)
         loss = correct = count = 0.0
         for number, start in enumerate(range(0, len(order), micro_batch)):
             examples = [view.get(j, draw) for j in order[start : start + micro_batch]]

@@ -134,3 +134,35 @@ def launch(args: list[str], ranks: int = 2, timeout: float = 600) -> subprocess.
 def read_metrics(run_dir: Path) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
+
+
+def save_tiny_esm(path: Path, seed: int = 0, **config_changes):
+    """A random ``transformers`` EsmForMaskedLM of esm2_tiny's shape, saved to ``path`` by
+    transformers itself (nothing fetched); returns the model, in eval mode.
+
+    Every weight is perturbed (LayerNorms and biases are not left at ones and zeros) and the
+    rotary frequencies are fp16-rounded, as in the published ESM-2 checkpoints.
+    """
+    import torch
+    from transformers import EsmConfig, EsmForMaskedLM
+
+    from advpt.models import ENCODER_PRESETS
+
+    cfg = ENCODER_PRESETS["esm2_tiny"]
+    settings = dict(
+        vocab_size=33, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
+        position_embedding_type="rotary", token_dropout=True, pad_token_id=1, mask_token_id=32,
+        emb_layer_norm_before=False, layer_norm_eps=1e-5, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = EsmForMaskedLM(EsmConfig(**(settings | config_changes))).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.1)
+        if model.esm.rotary_embeddings is not None:  # None: learned positions (ESM-1b)
+            inv_freq = model.esm.rotary_embeddings.inv_freq
+            inv_freq.copy_(inv_freq.half().float())
+    model.save_pretrained(path)
+    return model

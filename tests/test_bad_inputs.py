@@ -14,6 +14,7 @@ from advpt.data import CroppedView, LengthBucketedBatches, ProteinDataset, iter_
 from advpt.data.collate import MaskingCollator
 from advpt.data.stream import MicroBatches, stream_loader
 from advpt.errors import DataError
+from advpt.tokenizer import TAPE
 from tests.helpers import tiny_run_args, write_ds_config
 
 PROTEINS = ">p1 first\nMKTAYIAKQR\n>p2\nGGHH\n"
@@ -70,7 +71,7 @@ def test_unreadable_fasta_is_one_sentence_naming_it(tmp_path, case):
     name, make, expected = UNREADABLE[case]
     path = make(tmp_path / name)
     with pytest.raises(DataError) as caught:
-        ProteinDataset.from_path(path)
+        ProteinDataset.from_path(path, TAPE)
     message = str(caught.value)
     assert expected in message and str(path) in message and "\n" not in message
 
@@ -86,14 +87,14 @@ def test_byte_order_mark_and_old_mac_line_endings_are_read(tmp_path, suffix):
         assert {r.name: r.sequence for r in iter_fasta(path)} == {
             "p1": "MKTAYIAKQR", "p2": "GGHH",
         }, data  # fmt: skip
-        dataset = ProteinDataset.from_path(path)  # plain files: read back by seeking
+        dataset = ProteinDataset.from_path(path, TAPE)  # plain files: read back by seeking
         assert [dataset.residues(i) for i in range(len(dataset))] == ["MKTAYIAKQR", "GGHH"]
 
 
 def test_data_file_vanishing_during_the_run_is_one_sentence(tmp_path):
     path = tmp_path / "x.fasta"
     path.write_text(PROTEINS)
-    dataset = ProteinDataset.from_path(path)
+    dataset = ProteinDataset.from_path(path, TAPE)
     path.unlink()
     with pytest.raises(DataError, match=f"cannot read {path}: No such file or directory"):
         dataset[0]
@@ -104,7 +105,7 @@ def test_long_values_in_messages_are_shortened(tmp_path):
     path = tmp_path / "long.fasta"
     path.write_text(f">{name}\nMK1\n")
     with pytest.raises(DataError) as caught:
-        ProteinDataset.from_path(path)
+        ProteinDataset.from_path(path, TAPE)
     message = str(caught.value)
     assert len(message) < 300 and "record 'NNNN" in message and "NNN' has invalid" in message
 
@@ -138,10 +139,10 @@ def test_deepspeed_batch_settings_must_be_positive_integers(tmp_path, key, value
 def test_data_error_in_a_loader_worker_is_raised_as_its_one_sentence(tmp_path):
     path = tmp_path / "x.fasta"
     path.write_text(PROTEINS * 20)
-    dataset = ProteinDataset.from_path(path)
+    dataset = ProteinDataset.from_path(path, TAPE)
     view = CroppedView(dataset, np.arange(len(dataset)), max_length=16, seed=0)
     batches = LengthBucketedBatches(view.token_lengths, 4, 0, 1, seed=0)
-    stream = MicroBatches(view, batches, MaskingCollator(0.1, 0.1, seed=0))
+    stream = MicroBatches(view, batches, MaskingCollator(0.1, 0.1, 0, TAPE))
     path.unlink()
     with pytest.raises(DataError) as caught:
         next(stream_loader(stream, 0, num_workers=1))
@@ -234,7 +235,8 @@ def _train(tmp_path: Path, *flags: str) -> int:
         (["--run_dir", "{file}"], "taken is a file, not a directory"),
         (
             ["--encoder", "x" * 10_000],
-            "setting 'encoder' must be tape-base | small | tiny, got 'xx",
+            "setting 'encoder' must be tape-base | small | tiny | esm2_t6_8M | esm2_t12_35M | "
+            "esm2_t30_150M | esm2_t33_650M | esm2_t36_3B | esm2_tiny, got 'xx",
         ),
     ],
 )

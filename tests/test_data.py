@@ -28,7 +28,7 @@ from advpt.data import (
     train_val_split,
 )
 from advpt.errors import DataError
-from advpt.tokenizer import CLS_ID, SEP_ID, UNK_ID, decode, encode
+from advpt.tokenizer import TAPE
 
 # Multi-line records, lower case, a trailing stop '*', CRLF endings, stray whitespace, blank line.
 FASTA_TEXT = (
@@ -89,10 +89,10 @@ def tape_records(sequences: list[str], protocol: int = 4) -> dict[bytes, bytes]:
 def test_fasta_gives_expected_ids(tmp_path: Path, name: str) -> None:
     path = write_fasta(tmp_path / name, FASTA_TEXT)
     assert [r.name for r in iter_fasta(path)] == list(EXPECTED)
-    dataset = ProteinDataset.from_path(path)
+    dataset = ProteinDataset.from_path(path, TAPE)
     assert len(dataset) == 3
     for i, sequence in enumerate(EXPECTED.values()):
-        np.testing.assert_array_equal(dataset[i], encode(sequence))
+        np.testing.assert_array_equal(dataset[i], TAPE.encode(sequence))
         assert dataset[i].dtype == np.int64
     np.testing.assert_array_equal(dataset.token_lengths, [12, 4, 22])
     # A pickled copy (what a DataLoader worker receives) reads the same records.
@@ -107,31 +107,31 @@ def test_iter_fasta_records(tmp_path: Path) -> None:
 def test_sequence_before_header_names_file_and_line(tmp_path: Path) -> None:
     path = write_fasta(tmp_path / "bad.fasta", "\nMKT\n>p1\nMKT\n")
     with pytest.raises(DataError, match=r"bad\.fasta, line 2: sequence line before any"):
-        ProteinDataset.from_path(path)
+        ProteinDataset.from_path(path, TAPE)
 
 
 @pytest.mark.parametrize("text", [">p1\nMKT\n>empty desc\n>p3\nGG\n", ">p1\nMKT\n>empty\n"])
 def test_empty_record_names_file_and_record(tmp_path: Path, text: str) -> None:
     path = write_fasta(tmp_path / "bad.fa", text)
     with pytest.raises(DataError, match=r"bad\.fa: record 'empty' has no sequence"):
-        ProteinDataset.from_path(path)
+        ProteinDataset.from_path(path, TAPE)
 
 
 def test_invalid_character_reported_at_startup(tmp_path: Path) -> None:
     path = write_fasta(tmp_path / "bad.fasta.gz", ">ok\nMKT\n>p2\nMK\nT1A\n")
     with pytest.raises(DataError, match=r"bad\.fasta\.gz: record 'p2' .*'1' at position 4"):
-        ProteinDataset.from_path(path)
-    dataset = ProteinDataset.from_path(path, unknown_to_unk=True)
-    assert dataset[1][4] == UNK_ID
+        ProteinDataset.from_path(path, TAPE)
+    dataset = ProteinDataset.from_path(path, TAPE, unknown_to_unk=True)
+    assert dataset[1][4] == TAPE.unk_id
 
 
 def test_missing_empty_and_unknown_paths(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="nowhere.fasta does not exist"):
-        ProteinDataset.from_path(tmp_path / "nowhere.fasta")
+        ProteinDataset.from_path(tmp_path / "nowhere.fasta", TAPE)
     with pytest.raises(DataError, match="empty.fasta holds no usable records"):
-        ProteinDataset.from_path(write_fasta(tmp_path / "empty.fasta", "\n"))
+        ProteinDataset.from_path(write_fasta(tmp_path / "empty.fasta", "\n"), TAPE)
     with pytest.raises(DataError, match="cannot tell the format"):
-        ProteinDataset.from_path(write_fasta(tmp_path / "seqs.csv", FASTA_TEXT))
+        ProteinDataset.from_path(write_fasta(tmp_path / "seqs.csv", FASTA_TEXT), TAPE)
 
 
 # ----------------------------------------------------------------------------- TAPE LMDB
@@ -147,21 +147,21 @@ def test_tape_lmdb_round_trip(tmp_path: Path, protocol: int) -> None:
     np.testing.assert_array_equal(tape[0]["ss3"], np.arange(10) % 3)
     with pytest.raises(IndexError):
         tape[3]
-    dataset = ProteinDataset.from_path(path)
-    np.testing.assert_array_equal(dataset[1], encode("GG"))
+    dataset = ProteinDataset.from_path(path, TAPE)
+    np.testing.assert_array_equal(dataset[1], TAPE.encode("GG"))
     np.testing.assert_array_equal(dataset.token_lengths, [12, 4, 22])
-    np.testing.assert_array_equal(pickle.loads(pickle.dumps(dataset))[0], encode(sequences[0]))
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(dataset))[0], TAPE.encode(sequences[0]))
 
 
 def test_tape_lmdb_single_file_in_dataloader_workers(tmp_path: Path) -> None:
     sequences = ["MKT", "GGAA", "ACDEF", "W"]
     path = write_tape_lmdb(tmp_path / "one.lmdb", tape_records(sequences), subdir=False)
-    dataset = ProteinDataset.from_path(path)
+    dataset = ProteinDataset.from_path(path, TAPE)
     # The workers are forked after the parent opened the environment: each must reopen it.
     loader = DataLoader(dataset, batch_size=None, num_workers=2)
     for ids, sequence in zip(loader, sequences, strict=True):
-        np.testing.assert_array_equal(ids.numpy(), encode(sequence))
-    np.testing.assert_array_equal(dataset[3], encode("W"))  # the parent reopens it too
+        np.testing.assert_array_equal(ids.numpy(), TAPE.encode(sequence))
+    np.testing.assert_array_equal(dataset[3], TAPE.encode("W"))  # the parent reopens it too
 
 
 def test_tape_lmdb_refuses_code_execution(tmp_path: Path) -> None:
@@ -175,7 +175,7 @@ def test_tape_lmdb_refuses_code_execution(tmp_path: Path) -> None:
     values[b"0"] = pickle.dumps({"primary": "MKT", "payload": Exploit()})
     path = write_tape_lmdb(tmp_path / "evil.lmdb", values)
     with pytest.raises(DataError, match=r"refusing to unpickle \w+\.system from LMDB .*evil\.lmdb"):
-        ProteinDataset.from_path(path)
+        ProteinDataset.from_path(path, TAPE)
     assert not target.exists()
 
 
@@ -192,7 +192,7 @@ def test_tape_lmdb_missing_record_key(tmp_path: Path) -> None:
     del values[b"1"]
     path = write_tape_lmdb(tmp_path / "gap.lmdb", values)
     with pytest.raises(DataError, match=r"gap\.lmdb key '1' is missing"):
-        ProteinDataset.from_path(path)
+        ProteinDataset.from_path(path, TAPE)
 
 
 # ----------------------------------------------------------------------------- TAPE JSON
@@ -202,8 +202,8 @@ def test_tape_json(tmp_path: Path) -> None:
     path = tmp_path / "valid.json"
     path.write_text(json.dumps([{"primary": "MKT*", "log_fluorescence": [3.1]}, {"primary": "G"}]))
     assert read_tape_json(path)[0]["log_fluorescence"] == [3.1]
-    dataset = ProteinDataset.from_path(path)
-    np.testing.assert_array_equal(dataset[0], encode("MKT"))
+    dataset = ProteinDataset.from_path(path, TAPE)
+    np.testing.assert_array_equal(dataset[0], TAPE.encode("MKT"))
     np.testing.assert_array_equal(dataset.token_lengths, [5, 3])
 
 
@@ -219,7 +219,7 @@ def test_bad_tape_json(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "broken.json"
     path.write_text(text)
     with pytest.raises(DataError, match=message):
-        ProteinDataset.from_path(path)
+        ProteinDataset.from_path(path, TAPE)
 
 
 # ----------------------------------------------------------------------------- crops and splits
@@ -238,11 +238,11 @@ def test_cropped_view_is_stateless_per_seed_epoch_index(tmp_path: Path) -> None:
     path = write_fasta(
         tmp_path / "two.fasta", f">long\n{'ACDEFGHIKLMNPQRSTVWY' * 25}\n>short\nMKT\n"
     )
-    dataset = ProteinDataset.from_path(path)
+    dataset = ProteinDataset.from_path(path, TAPE)
     view = CroppedView(dataset, np.array([1, 0]), max_length=32, seed=7)
     np.testing.assert_array_equal(view.token_lengths, [5, 32])
     first = view[1]
-    assert len(first) == 32 and first[0] == CLS_ID and first[-1] == SEP_ID
+    assert len(first) == 32 and first[0] == TAPE.cls_id and first[-1] == TAPE.eos_id
     np.testing.assert_array_equal(view[1], first)  # repeatable, in any order
     fresh = CroppedView(dataset, np.array([0]), max_length=32, seed=7)
     np.testing.assert_array_equal(fresh[0], first)  # depends on the record, not its position
@@ -253,13 +253,13 @@ def test_skip_bad_records_counts_and_leaves_them_out(tmp_path: Path) -> None:
     text = ">ok1\nMKT\n>bad\nMK1T\n>empty\n>ok2\nGGA*\n"
     path = write_fasta(tmp_path / "mixed.fasta", text)
     with pytest.raises(DataError, match="record 'bad'"):
-        ProteinDataset.from_path(path)
-    dataset = ProteinDataset.from_path(path, skip_bad_records=True)
+        ProteinDataset.from_path(path, TAPE)
+    dataset = ProteinDataset.from_path(path, TAPE, skip_bad_records=True)
     assert dataset.skipped_records == 2
-    assert [decode(dataset[i]) for i in range(len(dataset))] == ["MKT", "GGA"]
+    assert [TAPE.decode(dataset[i]) for i in range(len(dataset))] == ["MKT", "GGA"]
     records = [{"primary": "MKT"}, {"primary": 5}, {"primary": "MXZ"}]
     (tmp_path / "t.json").write_text(json.dumps(records))
-    dataset = ProteinDataset.from_path(tmp_path / "t.json", skip_bad_records=True)
+    dataset = ProteinDataset.from_path(tmp_path / "t.json", TAPE, skip_bad_records=True)
     assert dataset.skipped_records == 1 and len(dataset) == 2
 
 
@@ -270,7 +270,7 @@ def test_one_enormous_sequence_is_indexed_and_cropped(tmp_path: Path) -> None:
     with path.open("w") as f:
         f.write(">giant\n")
         f.write(("ACDEFGHIKLMNPQRSTVWY" * 3 + "\n") * lines)
-    dataset = ProteinDataset.from_path(path)
+    dataset = ProteinDataset.from_path(path, TAPE)
     assert dataset.token_lengths.tolist() == [residues + 2]
     ids = CroppedView(dataset, np.array([0]), max_length=512, seed=0)[0]
     assert len(ids) == 512
@@ -336,8 +336,8 @@ def test_bundled_proteome_loads() -> None:
     path = resolve_data_path(BUNDLED_PROTEOME)
     assert path.name == "938293.PRJEB85.HG003687.faa"
     assert resolve_data_path("some/file.fasta") == Path("some/file.fasta")
-    dataset = ProteinDataset.from_path(BUNDLED_PROTEOME)
+    dataset = ProteinDataset.from_path(BUNDLED_PROTEOME, TAPE)
     assert len(dataset) == 2100
     assert int(dataset.token_lengths.sum()) - 2 * 2100 == 680_484
-    assert dataset[0][0] == CLS_ID and dataset[0][-1] == SEP_ID
+    assert dataset[0][0] == TAPE.cls_id and dataset[0][-1] == TAPE.eos_id
     assert len(dataset[2099]) == dataset.token_lengths[2099]

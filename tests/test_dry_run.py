@@ -41,6 +41,7 @@ from advpt.data.tape_tasks import TaskSplit, collate
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
 from advpt.models.heads import HeadConfig, TaskModel
 from advpt.tasks import IGNORE_LABEL, PER_RESIDUE, PER_SEQUENCE, REGRESSION
+from advpt.tokenizer import TAPE, Vocabulary
 from advpt.training.monitor import MetricsAccumulator
 from advpt.training.objective import AdversarialObjective
 from advpt.training.schedule import ENCODER, JOINT, NOISER
@@ -144,12 +145,17 @@ def check_tensors(tree, device: torch.device) -> int:
     return count
 
 
-def collated_batches(config) -> list[Batch]:
+def collated_batches(config, vocab: Vocabulary) -> list[Batch]:
     """A padded and an unpadded micro-batch (flash attention's path) as the stream makes them."""
     rng = np.random.default_rng(0)
-    collator = MaskingCollator(*config.masking_rates(), seed=0)
-    ragged = [np.r_[2, rng.integers(5, 30, n), 3] for n in (40, 23, 31, 12)]
-    even = [np.r_[2, rng.integers(5, 30, 30), 3] for _ in range(3)]
+    collator = MaskingCollator(*config.masking_rates(), 0, vocab)
+    first, end = vocab.first_residue_id, vocab.first_residue_id + vocab.num_residues
+
+    def protein(n: int) -> np.ndarray:
+        return np.r_[vocab.cls_id, rng.integers(first, end, n), vocab.eos_id]
+
+    ragged = [protein(n) for n in (40, 23, 31, 12)]
+    even = [protein(30) for _ in range(3)]
     return [collator(ragged, 0), collator(even, 1)]
 
 
@@ -179,6 +185,10 @@ CASES = {
     "importance-noiser-bf16": ("importance", NOISER, "encoder", ["--noiser_context_only"]),
     "importance-encoder-fp16": ("importance", ENCODER, "encoder_fp16", []),
     "random-encoder-bf16": ("random", ENCODER, "encoder", []),
+    "alternating-noiser-esm2-bf16": ("alternating", NOISER, "encoder", ["--encoder", "esm2_tiny"]),
+    "simultaneous-joint-esm2-fp16": (
+        "simultaneous", JOINT, "encoder_fp16", ["--encoder", "esm2_tiny"]
+    ),
 }  # fmt: skip
 
 
@@ -189,20 +199,24 @@ def test_a_micro_step_of_each_phase_stays_on_the_device(device: str, case: str):
     device = torch.device(device)
     config = parse_config([*VARIANTS[variant], *flags])
     torch.manual_seed(0)
+    preset = "tiny" if config.model.encoder == "tape-base" else config.model.encoder
     encoder_cfg = dataclasses.replace(
-        ENCODER_PRESETS["tiny"], activation_checkpointing=config.model.activation_checkpointing
+        ENCODER_PRESETS[preset], activation_checkpointing=config.model.activation_checkpointing
     )
+    vocab = encoder_cfg.vocabulary
     encoder = place(MaskedLanguageModel(encoder_cfg), device, encoder_config)
     noiser = None
     if config.adversarial:
         m = config.model
-        noiser = build_noiser(m.noiser_arch, "tiny", m.noiser_bidirectional, m.noiser_context_only)
+        noiser = build_noiser(
+            m.noiser_arch, "tiny", vocab, m.noiser_bidirectional, m.noiser_context_only
+        )
         noiser = place(noiser, device, "noiser")
     objective = AdversarialObjective(
-        config.masking, config.importance, config.schedule.reversal_scale
+        config.masking, config.importance, config.schedule.reversal_scale, vocab
     )
-    metrics = MetricsAccumulator(device)
-    for batch in collated_batches(config):
+    metrics = MetricsAccumulator(device, vocab)
+    for batch in collated_batches(config, vocab):
         with hot_loop(device):
             batch = moved(batch, device)
             if phase == NOISER:
@@ -242,7 +256,7 @@ def test_validation_stays_on_the_device(device: str):
     config = parse_config(VARIANTS["random"])
     torch.manual_seed(0)
     encoder = place(MaskedLanguageModel(ENCODER_PRESETS["tiny"]), device, "encoder")
-    batches = collated_batches(config)
+    batches = collated_batches(config, TAPE)
     with hot_loop(device):  # the host sync comes once, after the loop: sums.tolist()
         sums = validation_sums(encoder, batches, device)
     assert sums.shape == (3,) and sums.dtype == torch.float64
@@ -267,7 +281,7 @@ def test_a_fine_tuning_step_stays_on_the_device(device: str, kind: str, pooling:
         PER_SEQUENCE: [0, 2, 1],
         REGRESSION: [0.5, -1.0, 2.0],
     }[kind]  # fmt: skip
-    batch = collate(TaskSplit("dry-run", REPO, tokens, targets), [0, 1, 2], kind)
+    batch = collate(TaskSplit("dry-run", REPO, tokens, targets, TAPE), [0, 1, 2], kind)
     with hot_loop(device):
         batch = batch.to(device)
         out = model(batch.tokens, batch.valid, batch.targets)

@@ -35,6 +35,7 @@ from advpt.tasks import (
     TASKS,
     task_spec,
 )
+from advpt.tokenizer import TAPE
 from tests.helpers import REPO, child_env, pretrain_tiny, read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -163,8 +164,8 @@ def test_lmdb_and_json_read_alike_and_as_tape_reads_them(tmp_path, task):
         write_task(tmp_path / "j", task, "json"),
     )
     for split in spec.splits:
-        from_lmdb = read_split(lmdb_dir, spec, split, max_tokens=1024)
-        from_json = read_split(json_dir, spec, split, max_tokens=1024)
+        from_lmdb = read_split(lmdb_dir, spec, split, max_tokens=1024, vocab=TAPE)
+        from_json = read_split(json_dir, spec, split, max_tokens=1024, vocab=TAPE)
         assert from_lmdb.path.suffix == ".lmdb" and from_json.path.suffix == ".json"
         assert len(from_lmdb) == SIZES.get(split, TEST_SIZE)
         for a, b in zip(from_lmdb.tokens, from_json.tokens, strict=True):
@@ -180,7 +181,7 @@ def test_lmdb_and_json_read_alike_and_as_tape_reads_them(tmp_path, task):
         "fluorescence": datasets.FluorescenceDataset,
         "stability": datasets.StabilityDataset,
     }[task]
-    ours = read_split(lmdb_dir, spec, "train", max_tokens=1024)
+    ours = read_split(lmdb_dir, spec, "train", max_tokens=1024, vocab=TAPE)
     # a copy: py-lmdb refuses a second handle on an environment this process has open
     theirs = tape_class(shutil.copytree(lmdb_dir, tmp_path / "tape"), "train")
     assert len(theirs) == len(ours)
@@ -192,13 +193,15 @@ def test_lmdb_and_json_read_alike_and_as_tape_reads_them(tmp_path, task):
 
 def test_secondary_structure_options_and_bad_records(tmp_path):
     data = write_task(tmp_path, "secondary_structure", "json")
-    plain = read_split(data, task_spec("secondary_structure"), "valid", 1024)
-    masked = read_split(data, task_spec("secondary_structure"), "valid", 1024, use_valid_mask=True)
+    plain = read_split(data, task_spec("secondary_structure"), "valid", 1024, TAPE)
+    masked = read_split(
+        data, task_spec("secondary_structure"), "valid", 1024, TAPE, use_valid_mask=True
+    )
     for labels, masked_labels in zip(plain.targets, masked.targets, strict=True):
         assert labels[0] == labels[-1] == IGNORE_LABEL  # <cls> and <sep>
         assert labels[1] != IGNORE_LABEL and masked_labels[1] == IGNORE_LABEL  # valid_mask False
         np.testing.assert_array_equal(labels[2:], masked_labels[2:])
-    ss8 = read_split(data, task_spec("secondary_structure", "ss8"), "valid", 1024)
+    ss8 = read_split(data, task_spec("secondary_structure", "ss8"), "valid", 1024, TAPE)
     assert max(t.max() for t in ss8.targets) > 2 and max(t.max() for t in ss8.targets) < 8
 
     path = data / "secondary_structure" / "secondary_structure_valid.json"
@@ -206,11 +209,11 @@ def test_secondary_structure_options_and_bad_records(tmp_path):
     records[3]["ss3"] = records[3]["ss3"][:-1]
     path.write_text(json.dumps(records))
     with pytest.raises(DataError, match=r"valid.json: record #3 .* field 'ss3' has \d+ labels for"):
-        read_split(data, task_spec("secondary_structure"), "valid", 1024)
+        read_split(data, task_spec("secondary_structure"), "valid", 1024, TAPE)
     with pytest.raises(DataError, match=r"has \d+ tokens, more than the encoder's 12 positions"):
-        read_split(data, task_spec("secondary_structure"), "train", 12)
+        read_split(data, task_spec("secondary_structure"), "train", 12, TAPE)
     with pytest.raises(DataError, match=r"split 'casp12' not found: expected .*casp12.lmdb or"):
-        read_split(tmp_path / "elsewhere", task_spec("secondary_structure"), "casp12", 1024)
+        read_split(tmp_path / "elsewhere", task_spec("secondary_structure"), "casp12", 1024, TAPE)
 
     homology = write_task(tmp_path, "remote_homology", "json")
     path = homology / "remote_homology" / "remote_homology_train.json"
@@ -218,23 +221,25 @@ def test_secondary_structure_options_and_bad_records(tmp_path):
     records[0]["fold_label"] = 1195
     path.write_text(json.dumps(records))
     with pytest.raises(DataError, match=r"'fold_label' must be an integer class in \[0, 1195\)"):
-        read_split(homology, task_spec("remote_homology"), "train", 1024)
+        read_split(homology, task_spec("remote_homology"), "train", 1024, TAPE)
 
 
 # ----------------------------------------------------------------------------- fine-tuning
 
 
+@pytest.mark.parametrize("preset", ["tiny", "esm2_tiny"])
 @pytest.mark.parametrize(
     "kind, pooling", [(PER_RESIDUE, "mean"), (PER_SEQUENCE, "mean"), (REGRESSION, "cls")]
 )
-def test_task_outputs_do_not_depend_on_padding(kind, pooling):
+def test_task_outputs_do_not_depend_on_padding(kind, pooling, preset):
     torch.manual_seed(0)
-    encoder = MaskedLanguageModel(ENCODER_PRESETS["tiny"]).encoder
+    encoder = MaskedLanguageModel(ENCODER_PRESETS[preset]).encoder
     model = TaskModel(encoder, kind, 3, HeadConfig(pooling=pooling)).eval()
-    tokens = [np.array([2, 7, 9, 11, 3]), np.array([2, 5, 6, 7, 8, 9, 10, 11, 12, 3])]
+    vocab = encoder.cfg.vocabulary
+    tokens = [vocab.encode("CEG"), vocab.encode("ABCDEFGH")]
     targets = {PER_RESIDUE: [np.array([-1, 0, 1, 2, -1]), np.array([-1] + [1] * 8 + [-1])],
                PER_SEQUENCE: [0, 2], REGRESSION: [0.5, 1.5]}[kind]  # fmt: skip
-    split = TaskSplit("s", Path("s"), tokens, targets)
+    split = TaskSplit("s", Path("s"), tokens, targets, vocab)
     together = collate(split, [0, 1], kind)
     alone = collate(split, [0], kind)
     with torch.no_grad():
@@ -320,7 +325,7 @@ def test_learnable_signal_is_learned_far_above_chance(tmp_path, distributed):
     # the saved best model, reloaded without DeepSpeed, scores what the run reported
     model = load_task_model(tmp_path / "run" / "model")
     assert model.kind == "per_residue" and model.num_labels == 3
-    split = read_split(data, task_spec("secondary_structure"), "cb513", 512)
+    split = read_split(data, task_spec("secondary_structure"), "cb513", 512, TAPE)
     batches = LengthBucketedBatches(split.token_lengths, 16, shuffle=False, drop_last=False)
     again = evaluate(model, split, batches.epoch_batches(0), model.kind, torch.device("cpu"))
     assert again == pytest.approx(results["splits"]["cb513"])

@@ -14,14 +14,14 @@ from advpt.masking.importance import (
     uniform_option_probabilities,
     with_random_options,
 )
-from advpt.tokenizer import FIRST_RESIDUE_ID, MASK_ID, NUM_RESIDUES, VOCAB_SIZE
+from advpt.tokenizer import TAPE
 from tests.helpers import build_tiny_trainer
 
 
 def _toy_rows(rows: int = 16, residues: int = 40, rate: float = 0.2, seed: int = 0):
     """Sequences of residues only (all eligible), a budget, and a noiser's scores."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(FIRST_RESIDUE_ID, VOCAB_SIZE, (rows, residues), generator=g)
+    ids = torch.randint(TAPE.first_residue_id, TAPE.size, (rows, residues), generator=g)
     eligible = torch.ones(rows, residues, dtype=torch.bool)
     k = torch.full((rows,), round(rate * residues))
     return ids, eligible, k, g
@@ -29,7 +29,7 @@ def _toy_rows(rows: int = 16, residues: int = 40, rate: float = 0.2, seed: int =
 
 def test_inclusion_probabilities_match_the_relaxed_sampler():
     ids, eligible, k, g = _toy_rows(rows=4)
-    scores = torch.randn(4, ids.shape[1], 1 + 2 + NUM_RESIDUES, generator=g) * 1.5
+    scores = torch.randn(4, ids.shape[1], 1 + 2 + TAPE.num_residues, generator=g) * 1.5
     eligible[1, :10] = False  # rows with fewer candidates
     pi = inclusion_probabilities(scores[..., 0], eligible, k)
     torch.testing.assert_close(pi.sum(1), k.float())
@@ -39,7 +39,7 @@ def test_inclusion_probabilities_match_the_relaxed_sampler():
     torch.manual_seed(0)
     sample = adversarial_corrupt(
         scores.repeat(draws, 1, 1), ids.repeat(draws, 1), eligible.repeat(draws, 1),
-        k.repeat(draws), int(k.max()),
+        k.repeat(draws), int(k.max()), TAPE,
     )  # fmt: skip
     frequency = sample.positions.view(draws, *ids.shape).float().mean(0)
     # Monte Carlo standard error is at most 0.016 here; Rosen's approximation adds about 0.01.
@@ -56,28 +56,28 @@ def test_importance_weighted_loss_estimates_the_uniform_masking_loss():
     """
     ids, eligible, k, g = _toy_rows(rows=128)
     rows, length = ids.shape
-    table = torch.rand(rows, length, VOCAB_SIZE, generator=g) ** 3 * 4  # loss of each input
+    table = torch.rand(rows, length, TAPE.size, generator=g) ** 3 * 4  # loss of each input
     hardness = table.mean(-1)
-    scores = torch.randn(rows, length, 1 + 2 + NUM_RESIDUES, generator=g)
+    scores = torch.randn(rows, length, 1 + 2 + TAPE.num_residues, generator=g)
     scores[..., 0] = (hardness - hardness.mean()) / hardness.std()
 
     # Random masking's expectation: every position equally likely, corrupted 80/10/10.
     by_option = torch.cat(
         [
-            table[..., MASK_ID, None],
+            table[..., TAPE.mask_id, None],
             table.gather(-1, ids.unsqueeze(-1)),
-            table[..., FIRST_RESIDUE_ID : FIRST_RESIDUE_ID + NUM_RESIDUES],
+            table[..., TAPE.first_residue_id : TAPE.first_residue_id + TAPE.num_residues],
         ],
         dim=-1,
     )  # [rows, L, 2 + A], in option order
-    uniform = float((by_option * uniform_option_probabilities(ids.device)).sum(-1).mean())
+    uniform = float((by_option * uniform_option_probabilities(TAPE, ids.device)).sum(-1).mean())
 
     clip = parse_config([]).masking.importance_clip
     draws = 50
     torch.manual_seed(0)
     samples = adversarial_corrupt(  # all draws at once: batch b of draw d is row d * rows + b
-        with_random_options(scores).repeat(draws, 1, 1), ids.repeat(draws, 1),
-        eligible.repeat(draws, 1), k.repeat(draws), int(k.max()),
+        with_random_options(scores, TAPE).repeat(draws, 1, 1), ids.repeat(draws, 1),
+        eligible.repeat(draws, 1), k.repeat(draws), int(k.max()), TAPE,
     )  # fmt: skip
     losses = table.repeat(draws, 1, 1).gather(-1, samples.ids.unsqueeze(-1))[..., 0]
     weighted, unweighted = [], []
@@ -94,7 +94,7 @@ def test_importance_run_draws_every_masked_position_from_the_noiser(tmp_path, di
     trainer = build_tiny_trainer(tmp_path, "--estimator", "importance", "--log_every", "2")
     batch = trainer.stream[0]
     assert not batch.random_masked.any()
-    residues = (batch.ids >= FIRST_RESIDUE_ID).sum(1).double()
+    residues = TAPE.is_residue(batch.ids).sum(1).double()
     assert torch.equal(batch.budget, torch.round(0.2 * residues).long())
     trainer.noiser_micro_step(batch)
     trainer.encoder_micro_step(batch)

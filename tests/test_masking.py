@@ -3,15 +3,15 @@ import torch
 
 from advpt.data.collate import MaskingCollator
 from advpt.masking import (
-    NUM_SCORES,
     adversarial_corrupt,
     gumbel_like,
     hard_top_k,
+    num_scores,
     random_mask,
     relaxed_subset_sample,
     subset_sizes,
 )
-from advpt.tokenizer import FIRST_RESIDUE_ID, MASK_ID, VOCAB_SIZE
+from advpt.tokenizer import TAPE
 
 
 def ragged_eligible(lengths: list[int], width: int) -> torch.Tensor:
@@ -74,34 +74,34 @@ def test_subset_sampler_keeps_fp32_exclusion_for_half_scores():
 
 def test_random_mask_rates_and_split_over_many_draws():
     generator = torch.Generator().manual_seed(3)
-    ids = torch.randint(FIRST_RESIDUE_ID, VOCAB_SIZE, (200, 500), generator=generator)
+    ids = torch.randint(TAPE.first_residue_id, TAPE.size, (200, 500), generator=generator)
     maskable = torch.ones_like(ids, dtype=torch.bool)
     maskable[:, :2] = False
-    inputs, masked = random_mask(ids, maskable, 0.15, generator)
+    inputs, masked = random_mask(ids, maskable, 0.15, TAPE, generator)
     assert not masked[:, :2].any()
     rate = masked[:, 2:].float().mean().item()
     assert rate == pytest.approx(0.15, abs=0.005)
     changed = inputs[masked]
     original = ids[masked]
-    mask_share = (changed == MASK_ID).float().mean().item()
+    mask_share = (changed == TAPE.mask_id).float().mean().item()
     same_share = (changed == original).float().mean().item()
     assert mask_share == pytest.approx(0.8, abs=0.01)
     # keep (10%) plus replacements that happen to draw the original residue (10% / 25)
     assert same_share == pytest.approx(0.1 + 0.1 / 25, abs=0.01)
-    assert (changed >= FIRST_RESIDUE_ID).logical_or(changed == MASK_ID).all()
+    assert (changed >= TAPE.first_residue_id).logical_or(changed == TAPE.mask_id).all()
     assert torch.equal(inputs[~masked], ids[~masked])
 
 
 def _batch(seed: int = 0):
     torch.manual_seed(seed)
-    examples = [torch.randint(FIRST_RESIDUE_ID, VOCAB_SIZE, (n,)).numpy() for n in (60, 41, 23)]
+    examples = [torch.randint(TAPE.first_residue_id, TAPE.size, (n,)).numpy() for n in (60, 41, 23)]
     examples = [[2, *e.tolist(), 3] for e in examples]
-    return MaskingCollator(0.1, 0.1, seed=seed)(examples, batch_number=0)
+    return MaskingCollator(0.1, 0.1, seed, TAPE)(examples, batch_number=0)
 
 
 def test_collator_budget_adds_up_to_the_paper_total():
     batch = _batch()
-    residues = (batch.ids >= FIRST_RESIDUE_ID).sum(1)
+    residues = TAPE.is_residue(batch.ids).sum(1)
     assert torch.equal(batch.budget, torch.round(residues * 0.1).long())
     assert not (batch.eligible & batch.random_masked).any()
     assert batch.num_masked == int(batch.random_masked.sum() + batch.budget.sum())
@@ -111,9 +111,9 @@ def test_collator_budget_adds_up_to_the_paper_total():
 @pytest.mark.parametrize("literal", [False, True])
 def test_straight_through_forward_is_hard_and_backward_is_soft(literal: bool):
     batch = _batch(1)
-    scores = torch.randn(*batch.ids.shape, NUM_SCORES, requires_grad=True)
+    scores = torch.randn(*batch.ids.shape, num_scores(TAPE), requires_grad=True)
     sample = adversarial_corrupt(
-        scores, batch.inputs, batch.eligible, batch.budget, batch.max_budget,
+        scores, batch.inputs, batch.eligible, batch.budget, batch.max_budget, TAPE,
         straight_through_positions=not literal,
     )  # fmt: skip
     # forward: exactly one-hot, equal to the inputs outside the chosen positions
@@ -123,7 +123,7 @@ def test_straight_through_forward_is_hard_and_backward_is_soft(literal: bool):
     assert sample.positions.sum(1).tolist() == batch.budget.tolist()
     assert not (sample.positions & ~batch.eligible).any()
     # backward: gradients reach option scores; position scores only with straight-through
-    (sample.one_hot * torch.randn(VOCAB_SIZE)).sum().backward()
+    (sample.one_hot * torch.randn(TAPE.size)).sum().backward()
     assert scores.grad[..., 1:].abs().sum() > 0
     any_grad = scores.grad[..., 0].abs().sum()
     assert (any_grad == 0) if literal else (any_grad > 0)
@@ -132,11 +132,11 @@ def test_straight_through_forward_is_hard_and_backward_is_soft(literal: bool):
 def test_straight_through_gradient_equals_soft_probability_gradient():
     batch = _batch(2)
     torch.manual_seed(5)
-    scores = torch.randn(*batch.ids.shape, NUM_SCORES, requires_grad=True)
-    direction = torch.randn(VOCAB_SIZE)
+    scores = torch.randn(*batch.ids.shape, num_scores(TAPE), requires_grad=True)
+    direction = torch.randn(TAPE.size)
     torch.manual_seed(6)
     sample = adversarial_corrupt(
-        scores, batch.inputs, batch.eligible, batch.budget, batch.max_budget
+        scores, batch.inputs, batch.eligible, batch.budget, batch.max_budget, TAPE
     )
     (sample.one_hot * direction).sum().backward()
     st_grad = scores.grad.clone()
@@ -147,9 +147,9 @@ def test_straight_through_gradient_equals_soft_probability_gradient():
     s = scores.float()
     p_any = relaxed_subset_sample(s[..., 0], batch.eligible, batch.budget, max_k=batch.max_budget)
     p_opt = torch.softmax(s[..., 1:] + gumbel_like(s[..., 1:]), dim=-1)
-    x = torch.nn.functional.one_hot(batch.inputs, VOCAB_SIZE).float()
-    mask_token = torch.nn.functional.one_hot(torch.tensor(MASK_ID), VOCAB_SIZE).float()
-    replace = torch.nn.functional.pad(p_opt[..., 2:], (FIRST_RESIDUE_ID, 0))
+    x = torch.nn.functional.one_hot(batch.inputs, TAPE.size).float()
+    mask_token = torch.nn.functional.one_hot(torch.tensor(TAPE.mask_id), TAPE.size).float()
+    replace = torch.nn.functional.pad(p_opt[..., 2:], (TAPE.first_residue_id, 0))
     x_masked = p_opt[..., :1] * mask_token + p_opt[..., 1:2] * x + replace
     # Straight-through differentiates x~ = (1 - A) x + A x_m(M) as if A = p_any and M = p_opt
     # while evaluating everything else at the hard sample: this surrogate has that gradient.
@@ -157,7 +157,7 @@ def test_straight_through_gradient_equals_soft_probability_gradient():
     hard_opt = torch.nn.functional.one_hot(sample.option, p_opt.shape[-1]).float()
     x_masked_hard = (
         hard_opt[..., :1] * mask_token + hard_opt[..., 1:2] * x
-        + torch.nn.functional.pad(hard_opt[..., 2:], (FIRST_RESIDUE_ID, 0))
+        + torch.nn.functional.pad(hard_opt[..., 2:], (TAPE.first_residue_id, 0))
     )  # fmt: skip
     surrogate = (
         ((x_masked_hard - x) * direction).sum(-1) * p_any

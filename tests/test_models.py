@@ -4,19 +4,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from advpt.masking import NUM_SCORES
+from advpt.masking import num_scores
 from advpt.models import ENCODER_PRESETS, NOISER_PRESETS, GRUNoiser, MaskedLanguageModel
-from advpt.tokenizer import CLS_ID, FIRST_RESIDUE_ID, PAD_ID, SEP_ID, VOCAB_SIZE
+from advpt.tokenizer import TAPE
 
 
 def _ids(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     width = max(lengths)
-    ids = torch.full((len(lengths), width), PAD_ID)
+    ids = torch.full((len(lengths), width), TAPE.pad_id)
     for row, n in enumerate(lengths):
-        ids[row, 0], ids[row, n - 1] = CLS_ID, SEP_ID
-        ids[row, 1 : n - 1] = torch.randint(FIRST_RESIDUE_ID, VOCAB_SIZE, (n - 2,), generator=g)
-    return ids, ids != PAD_ID
+        ids[row, 0], ids[row, n - 1] = TAPE.cls_id, TAPE.eos_id
+        ids[row, 1 : n - 1] = torch.randint(TAPE.first_residue_id, TAPE.size, (n - 2,), generator=g)
+    return ids, ids != TAPE.pad_id
 
 
 def test_tape_base_preset_matches_tape_sizes():
@@ -34,7 +34,7 @@ def test_id_and_one_hot_inputs_give_the_same_hidden_states():
     model = MaskedLanguageModel(ENCODER_PRESETS["tiny"]).eval()
     ids, valid = _ids([20, 13, 7])
     by_id = model.encoder(ids, valid)
-    by_one_hot = model.encoder(F.one_hot(ids, VOCAB_SIZE).float(), valid)
+    by_one_hot = model.encoder(F.one_hot(ids, TAPE.size).float(), valid)
     torch.testing.assert_close(by_id, by_one_hot, rtol=1e-5, atol=1e-5)
 
 
@@ -42,9 +42,9 @@ def test_padding_does_not_change_real_positions():
     torch.manual_seed(1)
     model = MaskedLanguageModel(ENCODER_PRESETS["tiny"]).eval()
     ids, valid = _ids([9, 9])
-    padded = F.pad(ids, (0, 6), value=PAD_ID)
+    padded = F.pad(ids, (0, 6), value=TAPE.pad_id)
     out_short = model.encoder(ids, valid)
-    out_long = model.encoder(padded, padded != PAD_ID)
+    out_long = model.encoder(padded, padded != TAPE.pad_id)
     torch.testing.assert_close(out_short, out_long[:, :9], rtol=1e-5, atol=1e-5)
 
 
@@ -67,7 +67,7 @@ def test_tied_decoder_and_loss_only_at_masked_positions():
 def test_one_hot_input_passes_gradients_back():
     model = MaskedLanguageModel(ENCODER_PRESETS["tiny"])
     ids, valid = _ids([8])
-    one_hot = F.one_hot(ids, VOCAB_SIZE).float().requires_grad_(True)
+    one_hot = F.one_hot(ids, TAPE.size).float().requires_grad_(True)
     masked = torch.zeros_like(valid)
     masked[0, 2] = True
     model(one_hot, valid, ids, masked, 1).loss.backward()
@@ -76,11 +76,11 @@ def test_one_hot_input_passes_gradients_back():
 
 def test_noiser_scores_each_token_and_ignores_padding():
     torch.manual_seed(3)
-    noiser = GRUNoiser(NOISER_PRESETS["tiny"]).eval()
+    noiser = GRUNoiser(NOISER_PRESETS["tiny"], TAPE).eval()
     ids, valid = _ids([6, 11, 9])  # not sorted by length: the noiser sorts and restores rows
     lengths = valid.sum(1)
     scores = noiser(ids, lengths)
-    assert scores.shape == (3, 11, NUM_SCORES)
+    assert scores.shape == (3, 11, num_scores(TAPE))
     for row, n in enumerate(lengths.tolist()):  # each row alone, without any padding
         alone = noiser(ids[row : row + 1, :n], lengths[row : row + 1])
         torch.testing.assert_close(scores[row : row + 1, :n], alone, rtol=1e-5, atol=1e-6)
@@ -97,7 +97,7 @@ def test_context_only_noiser_cannot_see_the_residue_it_scores(bidirectional):
         cfg = dataclasses.replace(
             NOISER_PRESETS["tiny"], bidirectional=bidirectional, context_only=context_only
         )
-        noiser = GRUNoiser(cfg).eval()
+        noiser = GRUNoiser(cfg, TAPE).eval()
         moved = (noiser(ids, lengths) - noiser(changed, lengths)).abs().amax(-1)  # [B, L]
         assert (moved[0, 5] == 0) == context_only  # its own score
         assert moved[0, 6] > 0  # the next position sees it (forward state)

@@ -17,7 +17,7 @@ from advpt.errors import CheckpointError
 from advpt.export import main as export_main
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, ProteinEncoder
 from advpt.models.pretrained import load_export, save_export
-from advpt.tokenizer import CLS_ID, FIRST_RESIDUE_ID, PAD_ID, SEP_ID, VOCAB_SIZE
+from advpt.tokenizer import TAPE
 from advpt.training.consolidate import load_encoder
 from tests.helpers import REPO, launch, pretrain_tiny, tiny_run_args
 
@@ -35,11 +35,11 @@ ZERO_CONFIGS = {
 def _batch(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Random proteins ``[<cls>, residues, <sep>]`` padded to the longest: ids and valid."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.full((len(lengths), max(lengths)), PAD_ID)
+    ids = torch.full((len(lengths), max(lengths)), TAPE.pad_id)
     for row, n in enumerate(lengths):
-        ids[row, 0], ids[row, n - 1] = CLS_ID, SEP_ID
-        ids[row, 1 : n - 1] = torch.randint(FIRST_RESIDUE_ID, VOCAB_SIZE, (n - 2,), generator=g)
-    return ids, ids != PAD_ID
+        ids[row, 0], ids[row, n - 1] = TAPE.cls_id, TAPE.eos_id
+        ids[row, 1 : n - 1] = torch.randint(TAPE.first_residue_id, TAPE.size, (n - 2,), generator=g)
+    return ids, ids != TAPE.pad_id
 
 
 @torch.no_grad()

@@ -25,9 +25,10 @@ from torch.utils import cpp_extension
 
 from advpt.kernels import fused_subset_loop, load_subset_sampler
 from advpt.kernels.loader import SOURCES
-from advpt.masking import NUM_SCORES, adversarial_corrupt, gumbel_like, subset_sizes
+from advpt.masking import adversarial_corrupt, gumbel_like, num_scores, subset_sizes
 from advpt.masking import subset as subset_module
 from advpt.masking.subset import EPS, reference_subset_loop, relaxed_subset_sample
+from advpt.tokenizer import TAPE
 
 CPP_SOURCE, CU_SOURCE = SOURCES
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -233,10 +234,10 @@ def test_adversarial_corrupt_passes_the_backend_through():
     inputs = torch.randint(4, 29, (2, 12))
     eligible = torch.ones(2, 12, dtype=torch.bool)
     k = torch.tensor([2, 1])
-    scores = torch.randn(2, 12, NUM_SCORES)
-    adversarial_corrupt(scores, inputs, eligible, k, 2, sampler_backend="torch")
+    scores = torch.randn(2, 12, num_scores(TAPE))
+    adversarial_corrupt(scores, inputs, eligible, k, 2, TAPE, sampler_backend="torch")
     with pytest.raises(RuntimeError, match="'cuda' cannot run"):
-        adversarial_corrupt(scores, inputs, eligible, k, 2, sampler_backend="cuda")
+        adversarial_corrupt(scores, inputs, eligible, k, 2, TAPE, sampler_backend="cuda")
 
 
 def test_failed_build_warns_once_and_falls_back(fresh_loader, monkeypatch):

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from advpt.models import MaskedLanguageModel
 from advpt.models.encoder import EncoderConfig
-from advpt.tokenizer import FIRST_RESIDUE_ID, VOCAB_SIZE
+from advpt.tokenizer import TAPE
 from advpt.training.engines import load_ds_config
 from advpt.training.schedule import ENCODER, NOISER
 from tests.helpers import REPO, build_tiny_trainer, launch, read_metrics, tiny_run_args
@@ -28,7 +28,7 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients(one_hot: boo
     plain = MaskedLanguageModel(cfg)
     checkpointed = MaskedLanguageModel(dataclasses.replace(cfg, activation_checkpointing=1))
     checkpointed.load_state_dict(plain.state_dict())
-    ids = torch.randint(FIRST_RESIDUE_ID, VOCAB_SIZE, (3, 20))
+    ids = torch.randint(TAPE.first_residue_id, TAPE.size, (3, 20))
     valid = torch.ones_like(ids, dtype=torch.bool)
     valid[1, 15:] = False
     masked = torch.zeros_like(valid)
@@ -38,7 +38,7 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients(one_hot: boo
         if one_hot:  # the noiser phase: encoder frozen, gradients flow to the input only
             for p in model.parameters():
                 p.requires_grad_(False)
-            tokens = F.one_hot(ids, VOCAB_SIZE).float().requires_grad_(True)
+            tokens = F.one_hot(ids, TAPE.size).float().requires_grad_(True)
         else:
             tokens = ids
         torch.manual_seed(1)  # same dropout masks: checkpointing replays the RNG state

@@ -7,6 +7,7 @@ from advpt.data.batching import LengthBucketedBatches
 from advpt.data.collate import MaskingCollator
 from advpt.data.dataset import CroppedView, ProteinDataset, train_val_split
 from advpt.data.stream import MicroBatches, stream_loader
+from advpt.tokenizer import TAPE
 
 
 def _stream(tmp_path, rank: int = 0, world: int = 1) -> MicroBatches:
@@ -16,11 +17,11 @@ def _stream(tmp_path, rank: int = 0, world: int = 1) -> MicroBatches:
     with fasta.open("w") as f:
         for i in range(90):
             f.write(f">p{i}\n{''.join(rng.choice(letters, rng.integers(5, 120)))}\n")
-    dataset = ProteinDataset.from_path(fasta)
+    dataset = ProteinDataset.from_path(fasta, TAPE)
     train, _ = train_val_split(len(dataset), 0.1, seed=0)
     view = CroppedView(dataset, train, max_length=64, seed=0)
     batches = LengthBucketedBatches(view.token_lengths, 8, rank, world, seed=0, bucket_batches=3)
-    return MicroBatches(view, batches, MaskingCollator(0.1, 0.1, seed=0))
+    return MicroBatches(view, batches, MaskingCollator(0.1, 0.1, 0, TAPE))
 
 
 def _take(loader, n):

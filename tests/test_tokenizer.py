@@ -1,15 +1,7 @@
 import numpy as np
 import pytest
 
-from advpt.tokenizer import (
-    CLS_ID,
-    SEP_ID,
-    UNK_ID,
-    VOCAB,
-    TokenizationError,
-    decode,
-    encode,
-)
+from advpt.tokenizer import TAPE, TokenizationError
 
 # TAPE's IUPAC_VOCAB (tape/tokenizers.py), transcribed independently of advpt's table.
 TAPE_IUPAC_VOCAB = {
@@ -21,29 +13,35 @@ TAPE_IUPAC_VOCAB = {
 
 
 def test_vocabulary_is_tapes():
-    assert {token: i for i, token in enumerate(VOCAB)} == TAPE_IUPAC_VOCAB
+    assert {token: i for i, token in enumerate(TAPE.tokens)} == TAPE_IUPAC_VOCAB
 
 
 def test_encode_wraps_in_cls_sep_and_maps_letters():
-    ids = encode("MKV")
-    expected = [CLS_ID, TAPE_IUPAC_VOCAB["M"], TAPE_IUPAC_VOCAB["K"], TAPE_IUPAC_VOCAB["V"], SEP_ID]
+    ids = TAPE.encode("MKV")
+    expected = [
+        TAPE.cls_id,
+        TAPE_IUPAC_VOCAB["M"],
+        TAPE_IUPAC_VOCAB["K"],
+        TAPE_IUPAC_VOCAB["V"],
+        TAPE.eos_id,
+    ]
     assert ids.tolist() == expected
     assert ids.dtype == np.int64
 
 
 def test_lower_case_and_trailing_stop_codon():
-    assert encode("mkv*").tolist() == encode("MKV").tolist()
-    assert decode(encode("acdefghiklmnpqrstvwy")) == "ACDEFGHIKLMNPQRSTVWY"
+    assert TAPE.encode("mkv*").tolist() == TAPE.encode("MKV").tolist()
+    assert TAPE.decode(TAPE.encode("acdefghiklmnpqrstvwy")) == "ACDEFGHIKLMNPQRSTVWY"
 
 
 def test_invalid_character_names_record_and_position():
     with pytest.raises(TokenizationError, match=r"record 'sp\|P1'.*'J'.*position 3"):
-        encode("MKJV", record="sp|P1")
+        TAPE.encode("MKJV", record="sp|P1")
     with pytest.raises(TokenizationError, match="position 2"):
-        encode("M*K")  # a stop codon is only dropped at the very end
+        TAPE.encode("M*K")  # a stop codon is only dropped at the very end
 
 
 def test_unknown_to_unk_maps_instead_of_failing():
-    ids = encode("MK1V", unknown_to_unk=True)
-    assert ids[3] == UNK_ID
-    assert decode(ids) == "MKXV"
+    ids = TAPE.encode("MK1V", unknown_to_unk=True)
+    assert ids[3] == TAPE.unk_id
+    assert TAPE.decode(ids) == "MKXV"

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from advpt.tokenizer import TAPE
 from advpt.training.monitor import MetricsAccumulator
 from advpt.training.trainer import NonFiniteError
 from tests.helpers import build_tiny_trainer
@@ -101,7 +102,7 @@ def test_too_many_non_finite_steps_stop_the_run_with_a_checkpoint(tmp_path, dist
 
 
 def test_adversarial_losses_are_split_by_corruption():
-    metrics = MetricsAccumulator(torch.device("cpu"))
+    metrics = MetricsAccumulator(torch.device("cpu"), TAPE)
     token_loss = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
     option = torch.tensor([0, 1, 7, 0, 2])  # [MASK], keep, replace by residue 5, [MASK], ...
     is_adversarial = torch.tensor([True, True, True, False, True])

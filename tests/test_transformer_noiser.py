@@ -5,7 +5,7 @@ Beyond the paper. Real DeepSpeed engines on the CPU, as in test_training.py.
 
 import torch
 
-from advpt.tokenizer import NUM_RESIDUES
+from advpt.tokenizer import TAPE
 from tests.helpers import build_tiny_trainer
 
 
@@ -17,7 +17,7 @@ def test_transformer_noiser_starts_uniform_and_trains(tmp_path, distributed):
     batch = trainer.stream[0]
     with torch.no_grad():
         scores = trainer.noiser.module(batch.ids, batch.lengths)
-    assert scores.shape == (*batch.ids.shape, 1 + 2 + NUM_RESIDUES)
+    assert scores.shape == (*batch.ids.shape, 1 + 2 + TAPE.num_residues)
     assert torch.all(scores == 0)  # every position and option alike: uniform masking
     before = {n: p.detach().clone() for n, p in trainer.noiser.module.named_parameters()}
     trainer.train()

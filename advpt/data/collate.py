@@ -15,7 +15,7 @@ import torch
 
 from advpt.masking.random import random_mask
 from advpt.masking.subset import subset_sizes
-from advpt.tokenizer import FIRST_RESIDUE_ID, PAD_ID
+from advpt.tokenizer import Vocabulary
 
 
 @dataclass
@@ -68,23 +68,24 @@ class MaskingCollator:
 
     ``random_rate`` is the per-residue random masking probability; ``adversarial_rate`` the share
     of each sequence's residues the noiser will pick among those random masking left (0 for the
-    random-MLM baseline).
+    random-MLM baseline). ``vocab`` is the examples' vocabulary (the encoder's).
     """
 
-    def __init__(self, random_rate: float, adversarial_rate: float, seed: int):
+    def __init__(self, random_rate: float, adversarial_rate: float, seed: int, vocab: Vocabulary):
         self.random_rate = random_rate
         self.adversarial_rate = adversarial_rate
         self.seed = seed
+        self.vocab = vocab
 
     def __call__(self, examples: list[np.ndarray], batch_number: int) -> Batch:
         lengths = torch.tensor([len(e) for e in examples], dtype=torch.int64)
-        ids = torch.full((len(examples), int(lengths.max())), PAD_ID, dtype=torch.int64)
+        ids = torch.full((len(examples), int(lengths.max())), self.vocab.pad_id, dtype=torch.int64)
         for row, example in enumerate(examples):
             ids[row, : len(example)] = torch.from_numpy(np.asarray(example, dtype=np.int64))
         valid = torch.arange(ids.shape[1]) < lengths[:, None]
-        maskable = ids >= FIRST_RESIDUE_ID  # residues only: never specials, <unk> or padding
+        maskable = self.vocab.is_residue(ids)  # never specials, <unk> or padding
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + batch_number)
-        inputs, random_masked = random_mask(ids, maskable, self.random_rate, generator)
+        inputs, random_masked = random_mask(ids, maskable, self.random_rate, self.vocab, generator)
         eligible = maskable & ~random_masked
         budget = torch.minimum(subset_sizes(maskable, self.adversarial_rate), eligible.sum(1))
         return Batch(

@@ -28,7 +28,7 @@ from advpt.data.readers import (
     scan_fasta,
 )
 from advpt.errors import shorten
-from advpt.tokenizer import TokenizationError, count_residues, encode
+from advpt.tokenizer import TokenizationError, Vocabulary, count_residues
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,8 @@ def _read_lmdb(path: Path, skip: _Skipper, unknown_to_unk: bool) -> tuple[_TapeP
 
 
 class ProteinDataset(Dataset):
-    """Token ids of every protein in a file: ``dataset[i]`` is int64 ``[<cls>, residues, <sep>]``.
+    """Token ids of every protein in a file: ``dataset[i]`` is int64 ``[<cls>, residues, <eos>]``
+    in the vocabulary ``vocab`` (the encoder's).
 
     ``token_lengths`` (int64, shape ``[N]``) holds each record's token count (residues + 2),
     known without reading the records again, for length-bucketed batching.
@@ -207,9 +208,16 @@ class ProteinDataset(Dataset):
     record from the database on access.
     """
 
-    def __init__(self, sequences: _Sequences, token_lengths: np.ndarray, unknown_to_unk: bool):
+    def __init__(
+        self,
+        sequences: _Sequences,
+        token_lengths: np.ndarray,
+        vocab: Vocabulary,
+        unknown_to_unk: bool,
+    ):
         self.sequences = sequences
         self.token_lengths = token_lengths
+        self.vocab = vocab
         self.unknown_to_unk = unknown_to_unk
         self.skipped_records = 0
 
@@ -217,6 +225,7 @@ class ProteinDataset(Dataset):
     def from_path(
         cls,
         path: str | os.PathLike,
+        vocab: Vocabulary,
         unknown_to_unk: bool = False,
         skip_bad_records: bool = False,
     ) -> ProteinDataset:
@@ -249,7 +258,7 @@ class ProteinDataset(Dataset):
         skip.report()
         if len(sequences) == 0:
             raise DataError(f"dataset {path} holds no usable records")
-        dataset = cls(sequences, np.asarray(lengths, dtype=np.int64), unknown_to_unk)
+        dataset = cls(sequences, np.asarray(lengths, dtype=np.int64), vocab, unknown_to_unk)
         dataset.skipped_records = skip.skipped
         return dataset
 
@@ -262,7 +271,7 @@ class ProteinDataset(Dataset):
         return sequence[:-1] if sequence.endswith("*") else sequence
 
     def __getitem__(self, index: int) -> np.ndarray:
-        return encode(self.residues(index), str(index), self.unknown_to_unk)
+        return self.vocab.encode(self.residues(index), str(index), self.unknown_to_unk)
 
 
 # ----------------------------------------------------------------------------- cropping, splits
@@ -311,7 +320,7 @@ class CroppedView(Dataset):
         record = int(self.indices[index])
         rng = np.random.default_rng([self.seed, epoch, record])
         window = crop(self.dataset.residues(record), self.max_length, rng)
-        return encode(window, str(record), self.dataset.unknown_to_unk)
+        return self.dataset.vocab.encode(window, str(record), self.dataset.unknown_to_unk)
 
     def __getitem__(self, index: int) -> np.ndarray:
         return self.get(index, epoch=0)

@@ -22,7 +22,7 @@ import torch
 from advpt.data.readers import TapeLMDB, read_tape_json
 from advpt.errors import DataError
 from advpt.tasks import IGNORE_LABEL, PER_RESIDUE, PER_SEQUENCE, TaskSpec
-from advpt.tokenizer import PAD_ID, TokenizationError, encode
+from advpt.tokenizer import TokenizationError, Vocabulary
 
 # ----------------------------------------------------------------------------- reading splits
 
@@ -84,12 +84,14 @@ def _target(item: dict[str, Any], spec: TaskSpec, use_valid_mask: bool) -> Any:
 
 @dataclass
 class TaskSplit:
-    """One split in memory. ``tokens[i]``: int64 ``[len + 2]``; ``targets[i]``: the target."""
+    """One split in memory. ``tokens[i]``: int64 ``[len + 2]`` ids of ``vocab``; ``targets[i]``:
+    the target."""
 
     name: str
     path: Path
     tokens: list[np.ndarray]
     targets: list[Any]
+    vocab: Vocabulary
 
     @property
     def token_lengths(self) -> np.ndarray:
@@ -104,9 +106,11 @@ def read_split(
     spec: TaskSpec,
     split: str,
     max_tokens: int,
+    vocab: Vocabulary,
     use_valid_mask: bool = False,
 ) -> TaskSplit:
-    """Read and validate one split; proteins longer than ``max_tokens`` tokens are an error.
+    """Read and validate one split, tokenized with ``vocab`` (the encoder's); proteins longer
+    than ``max_tokens`` tokens are an error.
 
     ``use_valid_mask`` leaves residues whose ``valid_mask`` is false (no resolved structure)
     unscored; TAPE itself scores every residue, so the default follows TAPE.
@@ -121,7 +125,7 @@ def read_split(
         if not isinstance(item["primary"], str):
             raise DataError(f"{path}: record {name} field 'primary' is not a string")
         try:
-            ids = encode(item["primary"], name)
+            ids = vocab.encode(item["primary"], name)
         except TokenizationError as err:
             raise DataError(f"{path}: {err}") from None
         if len(ids) > max_tokens:
@@ -136,7 +140,7 @@ def read_split(
         tokens.append(ids)
     if not tokens:
         raise DataError(f"{path} holds no records")
-    return TaskSplit(split, path, tokens, targets)
+    return TaskSplit(split, path, tokens, targets, vocab)
 
 
 # ----------------------------------------------------------------------------- batches
@@ -167,10 +171,11 @@ class TaskBatch:
 def collate(split: TaskSplit, indices: list[int], kind: str) -> TaskBatch:
     """Pad proteins ``indices`` of ``split`` into a :class:`TaskBatch`."""
     lengths = [len(split.tokens[i]) for i in indices]
-    tokens = torch.full((len(indices), max(lengths)), PAD_ID, dtype=torch.int64)
+    pad = split.vocab.pad_id
+    tokens = torch.full((len(indices), max(lengths)), pad, dtype=torch.int64)
     for row, i in enumerate(indices):
         tokens[row, : lengths[row]] = torch.from_numpy(split.tokens[i])
-    valid = tokens != PAD_ID
+    valid = tokens != pad
     if kind == PER_RESIDUE:
         targets = torch.full(tokens.shape, IGNORE_LABEL, dtype=torch.int64)
         for row, i in enumerate(indices):

@@ -14,11 +14,19 @@ import torch
 import torch.nn.functional as F
 
 from advpt.masking.subset import gumbel_like, hard_top_k, relaxed_subset_sample
-from advpt.tokenizer import FIRST_RESIDUE_ID, MASK_ID, NUM_RESIDUES, VOCAB_SIZE
+from advpt.tokenizer import Vocabulary
 
-NUM_OPTIONS = 2 + NUM_RESIDUES  # [MASK], keep, replace by each residue
-NUM_SCORES = 1 + NUM_OPTIONS  # any-mask score first
-OPTION_MASK, OPTION_KEEP = 0, 1
+OPTION_MASK, OPTION_KEEP = 0, 1  # then 2 + r: replace by the vocabulary's residue r
+
+
+def num_options(vocab: Vocabulary) -> int:
+    """The corruptions of a chosen token: [MASK], keep, replace by each of the residues."""
+    return 2 + vocab.num_residues
+
+
+def num_scores(vocab: Vocabulary) -> int:
+    """The noiser's scores per token: the any-mask score, then one per option."""
+    return 1 + num_options(vocab)
 
 
 @dataclass
@@ -57,6 +65,7 @@ def adversarial_corrupt(
     eligible: torch.Tensor,
     k: torch.Tensor,
     max_k: int,
+    vocab: Vocabulary,
     subset_temperature: float = 1.0,
     option_temperature: float = 1.0,
     straight_through_positions: bool = True,
@@ -69,6 +78,7 @@ def adversarial_corrupt(
         inputs: ``[B, L]`` ids after random masking (adversarial positions never overlap it).
         eligible: ``[B, L]`` bool residue positions random masking left untouched.
         k: ``[B]`` adversarial budget per row; ``max_k`` its maximum, known on the host.
+        vocab: the ids' vocabulary (``A`` is its number of residues).
         straight_through_positions: apply straight-through to the position selection too.
             The paper's Algorithm 3 multiplies by a *hard* position mask, so the any-mask
             score gets no gradient at all; ``False`` keeps that literal form.
@@ -84,12 +94,14 @@ def adversarial_corrupt(
     option_logits = scores[..., 1:] + gumbel_like(scores[..., 1:])
     p_option = torch.softmax(option_logits / option_temperature, dim=-1)  # [B, L, 2 + A]
     option = p_option.argmax(dim=-1)
-    m = straight_through(F.one_hot(option, NUM_OPTIONS).float(), p_option)
+    m = straight_through(F.one_hot(option, num_options(vocab)).float(), p_option)
 
-    x = F.one_hot(inputs, VOCAB_SIZE).float()  # [B, L, V]
-    mask_token = torch.zeros(VOCAB_SIZE, device=inputs.device)  # built on the device: no copy
-    mask_token[MASK_ID] = 1.0
-    replace = F.pad(m[..., 2:], (FIRST_RESIDUE_ID, VOCAB_SIZE - FIRST_RESIDUE_ID - NUM_RESIDUES))
+    size, first = vocab.size, vocab.first_residue_id
+    x = F.one_hot(inputs, size).float()  # [B, L, V]
+    mask_token = torch.zeros(size, device=inputs.device)  # built on the device: no copy
+    mask_token[vocab.mask_id] = 1.0
+    # The residue options laid onto their ids (contiguous in every Vocabulary).
+    replace = F.pad(m[..., 2:], (first, size - first - vocab.num_residues))
     x_masked = m[..., OPTION_MASK, None] * mask_token + m[..., OPTION_KEEP, None] * x + replace
 
     hard_any = positions.float()

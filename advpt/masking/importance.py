@@ -42,28 +42,28 @@ from __future__ import annotations
 
 import torch
 
-from advpt.masking.adversarial import NUM_OPTIONS, OPTION_KEEP, OPTION_MASK
+from advpt.masking.adversarial import OPTION_KEEP, OPTION_MASK, num_options
 from advpt.masking.random import KEEP_SHARE, MASK_SHARE
-from advpt.tokenizer import NUM_RESIDUES
+from advpt.tokenizer import Vocabulary
 
 NEWTON_ITERATIONS = 30  # enough for score spreads of std 20 (residual < 1e-12 positions)
 
 
-def uniform_option_probabilities(device: torch.device) -> torch.Tensor:
+def uniform_option_probabilities(vocab: Vocabulary, device: torch.device) -> torch.Tensor:
     """``[2 + A]`` probability of each noiser option under random masking's corruption."""
-    replace = (1.0 - MASK_SHARE - KEEP_SHARE) / NUM_RESIDUES
-    q = torch.full((NUM_OPTIONS,), replace, device=device)
+    replace = (1.0 - MASK_SHARE - KEEP_SHARE) / vocab.num_residues
+    q = torch.full((num_options(vocab),), replace, device=device)
     q[OPTION_MASK], q[OPTION_KEEP] = MASK_SHARE, KEEP_SHARE
     return q
 
 
-def with_random_options(scores: torch.Tensor) -> torch.Tensor:
+def with_random_options(scores: torch.Tensor, vocab: Vocabulary) -> torch.Tensor:
     """``scores`` ``[B, L, 1 + 2 + A]`` with the option scores replaced by ``log q``.
 
     The Gumbel-max draw over them is then random masking's 80/10/10 corruption, exactly; the
     any-mask score (where to mask) keeps the noiser's value and gradient.
     """
-    log_q = uniform_option_probabilities(scores.device).log()
+    log_q = uniform_option_probabilities(vocab, scores.device).log()
     return torch.cat([scores[..., :1], log_q.expand(*scores.shape[:-1], -1)], dim=-1)
 
 

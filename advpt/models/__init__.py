@@ -1,8 +1,10 @@
-"""The protein encoder (TAPE transformer + MLM head) and the noisers (GRU, transformer)."""
+"""The protein encoders (TAPE's transformer, ESM-2) with their MLM head, and the noisers."""
 
 from advpt.models.encoder import (
     ENCODER_PRESETS,
+    Encoder,
     EncoderConfig,
+    Esm2Encoder,
     MaskedLanguageModel,
     MLMOutput,
     ProteinEncoder,
@@ -22,7 +24,9 @@ __all__ = [
     "NOISER_ARCHITECTURES",
     "NOISER_PRESETS",
     "TRANSFORMER_NOISER_PRESETS",
+    "Encoder",
     "EncoderConfig",
+    "Esm2Encoder",
     "GRUNoiser",
     "MLMOutput",
     "MaskedLanguageModel",

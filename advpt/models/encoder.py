@@ -1,28 +1,39 @@
-"""The protein encoder: TAPE's transformer (BERT layout) with a tied masked-LM head.
+"""The protein encoders, TAPE's transformer and ESM-2, each with a tied masked-LM head.
 
-Attention runs through ``torch.nn.functional.scaled_dot_product_attention`` with the padding
-mask, so PyTorch picks a fused kernel where it can. The input is token ids ``[B, L]`` or a
-(soft) one-hot ``[B, L, V]``; the latter lets straight-through gradients reach the noiser.
+Both families are built from the same parts (``SelfAttention``, ``TransformerLayer``, ``MLMHead``)
+and take the same inputs: token ids ``[B, L]`` or a (soft) one-hot ``[B, L, V]``; the latter lets
+straight-through gradients reach the noiser. Attention runs through
+``torch.nn.functional.scaled_dot_product_attention`` with the padding mask, so PyTorch picks a
+fused kernel where it can.
+
+* ``tape``: TAPE's BERT (post-LayerNorm layers, learned positions), TAPE's vocabulary.
+* ``esm2``: ESM-2 (Lin et al. 2023) exactly as ``transformers``' ``EsmForMaskedLM`` computes it:
+  pre-LayerNorm layers, rotary positions, a final LayerNorm, ESM's LM head (the same dense + GELU
+  + LayerNorm + tied decoder as TAPE's) and ESM's ``token_dropout``; ESM's 33-token alphabet.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from advpt.tokenizer import VOCAB_SIZE
+from advpt.tokenizer import TAPE, VOCABULARIES, Vocabulary
+
+# Encoder family -> its vocabulary's name (advpt.tokenizer.VOCABULARIES).
+FAMILY_VOCABULARY = {"tape": "tape", "esm2": "esm"}
 
 
 @dataclass
 class EncoderConfig:
     """Transformer sizes; the defaults are TAPE's ``bert-base`` protein transformer."""
 
-    vocab_size: int = VOCAB_SIZE
+    vocab_size: int = TAPE.size
     hidden_size: int = 768
     num_layers: int = 12
     num_heads: int = 12
@@ -35,6 +46,38 @@ class EncoderConfig:
     # Recompute every n-th layer's activations in the backward pass (0 = off): memory for
     # larger micro-batches at the price of one more forward of those layers.
     activation_checkpointing: int = 0
+    family: str = "tape"  # tape | esm2: the architecture, which implies the vocabulary
+    # ESM-2 only: zero the <mask> embeddings and rescale the rest (see Esm2Encoder).
+    token_dropout: bool = False
+
+    def __post_init__(self):
+        if self.family not in FAMILY_VOCABULARY:
+            raise ValueError(
+                f"encoder family must be one of {', '.join(FAMILY_VOCABULARY)}, got {self.family!r}"
+            )
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        """The token ids this encoder reads."""
+        return VOCABULARIES[FAMILY_VOCABULARY[self.family]]
+
+    def architecture(self) -> dict[str, Any]:
+        """The settings that decide what the model computes: all but the training-only ones
+        (dropout, initialisation, activation checkpointing)."""
+        settings = dataclasses.asdict(self)
+        return {k: v for k, v in settings.items() if k not in _TRAINING_ONLY}
+
+
+_TRAINING_ONLY = ("dropout", "attention_dropout", "initializer_range", "activation_checkpointing")
+
+
+def _esm2(layers: int, hidden: int, heads: int) -> EncoderConfig:
+    """ESM-2's settings (as its ``transformers`` configs give them) at one size."""
+    return EncoderConfig(
+        vocab_size=33, hidden_size=hidden, num_layers=layers, num_heads=heads,
+        intermediate_size=4 * hidden, dropout=0.0, attention_dropout=0.0, max_positions=1026,
+        layer_norm_eps=1e-5, family="esm2", token_dropout=True,
+    )  # fmt: skip
 
 
 ENCODER_PRESETS: dict[str, EncoderConfig] = {
@@ -43,6 +86,13 @@ ENCODER_PRESETS: dict[str, EncoderConfig] = {
     "tiny": EncoderConfig(
         hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=1024
     ),
+    # ESM-2's published sizes (esm2_t<layers>_<parameters>), then a tiny one for tests.
+    "esm2_t6_8M": _esm2(6, 320, 20),
+    "esm2_t12_35M": _esm2(12, 480, 20),
+    "esm2_t30_150M": _esm2(30, 640, 20),
+    "esm2_t33_650M": _esm2(33, 1280, 20),
+    "esm2_t36_3B": _esm2(36, 2560, 40),
+    "esm2_tiny": _esm2(2, 64, 4),
 }
 
 
@@ -59,10 +109,23 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.attention_dropout = cfg.attention_dropout
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        """``x`` ``[B, L, H]``, ``attn_mask`` ``[B, 1, 1, L]`` bool (true = may attend) or None."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``x`` ``[B, L, H]`` -> ``[B, L, H]``, or ``[N, H]`` at the flat positions ``rows``
+        ``[N]`` (into ``B * L``) only.
+
+        ``attn_mask`` ``[B, 1, 1, L]`` bool (true = may attend) or None; ``rotary``:
+        ``(cos, sin)`` ``[L, 1, H / heads]`` to rotate queries and keys, or None.
+        """
         b, length, h = x.shape
         q, k, v = self.qkv(x).view(b, length, 3, self.num_heads, h // self.num_heads).unbind(2)
+        if rotary is not None:
+            q, k = rotate(q, *rotary), rotate(k, *rotary)
         y = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
@@ -70,7 +133,10 @@ class SelfAttention(nn.Module):
             attn_mask=attn_mask,
             dropout_p=self.attention_dropout if self.training else 0.0,
         )  # [B, heads, L, H / heads]
-        return self.out(y.transpose(1, 2).reshape(b, length, h))
+        y = y.transpose(1, 2).reshape(b, length, h)
+        if rows is not None:
+            y = y.flatten(0, 1).index_select(0, rows)  # [N, H]
+        return self.out(y)
 
 
 class TransformerLayer(nn.Module):
@@ -90,8 +156,48 @@ class TransformerLayer(nn.Module):
         return self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))
 
 
+def embed(table: nn.Embedding, tokens: torch.Tensor) -> torch.Tensor:
+    """Ids ``[B, L]`` by lookup, one-hot ``[B, L, V]`` by a matmul with the same table."""
+    if tokens.is_floating_point():
+        weight = table.weight
+        return tokens.to(weight.dtype) @ weight
+    return table(tokens)
+
+
+def run_layers(
+    layers: nn.ModuleList,
+    x: torch.Tensor,
+    checkpoint_every: int,
+    *args,
+    last_rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x`` ``[B, L, H]`` through ``layers`` (each called as ``layer(x, *args)``), recomputing
+    every ``checkpoint_every``-th layer's activations in the backward pass (0 = none).
+
+    With ``last_rows`` ``[N]`` the last layer is called as ``layer(x, *args, last_rows)`` and
+    returns ``[N, H]``.
+    """
+    recompute = checkpoint_every and layers.training and torch.is_grad_enabled()
+    for i, layer in enumerate(layers):
+        rows = () if last_rows is None or i < len(layers) - 1 else (last_rows,)
+        if recompute and i % checkpoint_every == 0:
+            # Non-reentrant checkpointing works when only the input needs gradients, as in
+            # the noiser phase (encoder frozen, gradients flow to the one-hot input).
+            x = checkpoint(layer, x, *args, *rows, use_reentrant=False)
+        else:
+            x = layer(x, *args, *rows)
+    return x
+
+
+def _check_length(cfg: EncoderConfig, length: int) -> None:
+    if length > cfg.max_positions:
+        raise ValueError(
+            f"sequence length {length} exceeds the encoder's max_positions {cfg.max_positions}"
+        )
+
+
 class ProteinEncoder(nn.Module):
-    """Token (or one-hot) embeddings + learned positions + transformer layers."""
+    """TAPE's transformer: token (or one-hot) embeddings + learned positions + layers."""
 
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
@@ -102,41 +208,164 @@ class ProteinEncoder(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.num_layers))
 
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Ids ``[B, L]`` by lookup, one-hot ``[B, L, V]`` by a matmul with the same table."""
-        if tokens.is_floating_point():
-            weight = self.token_embedding.weight
-            return tokens.to(weight.dtype) @ weight
-        return self.token_embedding(tokens)
-
     def forward(
-        self, tokens: torch.Tensor, valid: torch.Tensor, has_padding: bool = True
+        self,
+        tokens: torch.Tensor,
+        valid: torch.Tensor,
+        has_padding: bool = True,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Hidden states ``[B, L, H]`` for ids ``[B, L]`` or one-hot ``[B, L, V]``.
 
         ``valid`` ``[B, L]`` bool marks real tokens; padding is never attended to. A batch the
         caller knows to be unpadded (``has_padding=False``, common with length bucketing and
         cropping) runs attention without a mask, which lets PyTorch pick its flash kernel.
+        With ``rows`` ``[N]`` (flat indices into ``B * L``) only those positions' states are
+        returned, ``[N, H]``.
         """
         length = valid.shape[1]
-        if length > self.cfg.max_positions:
-            raise ValueError(
-                f"sequence length {length} exceeds the encoder's max_positions "
-                f"{self.cfg.max_positions}"
-            )
+        _check_length(self.cfg, length)
         positions = torch.arange(length, device=valid.device)
-        x = self.embed(tokens) + self.position_embedding(positions)
+        x = embed(self.token_embedding, tokens) + self.position_embedding(positions)
         x = self.dropout(self.embedding_norm(x))
         attn_mask = valid[:, None, None, :] if has_padding else None
+        x = run_layers(self.layers, x, self.cfg.activation_checkpointing, attn_mask)
+        return x if rows is None else x.flatten(0, 1).index_select(0, rows)
+
+
+# ----------------------------------------------------------------------------- ESM-2
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of ``x`` ``[B, L, heads, D]`` (``cos``, ``sin`` ``[L, 1, D]``).
+
+    ESM's layout: dimension ``i`` pairs with ``i + D / 2`` ("rotate half"), not with ``i + 1``.
+    Computed in float32 whatever ``x``'s dtype, as ``transformers`` does.
+    """
+    x32 = x.float()
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
+    return (x32 * cos + rotated * sin).to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """``(cos, sin)`` tables of ESM-2's rotary positions, from the frequencies ``inv_freq``.
+
+    ``inv_freq`` ``[D / 2]`` is a saved buffer, not recomputed, because the published ESM
+    checkpoints carry their own: trained in fp16, their frequencies are fp16-rounded, and
+    recomputing them in fp32 changes the model's outputs. It stays float32 when the model is
+    cast to bf16/fp16 (as DeepSpeed's engines do): a rounded frequency moves every position's
+    angle by an error that grows with the position.
+    """
+
+    def __init__(self, head_size: int, base: float = 10000.0):
+        super().__init__()
+        exponents = torch.arange(0, head_size, 2, dtype=torch.float32) / head_size
+        self.register_buffer("inv_freq", 1.0 / base**exponents)
+
+    def forward(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 ``(cos, sin)``, each ``[L, 1, D]``, for positions ``0 .. L - 1``."""
+        positions = torch.arange(length, device=device, dtype=torch.float32)
+        angles = positions[:, None] * self.inv_freq[None, :]  # [L, D / 2]
+        angles = torch.cat((angles, angles), dim=-1).unsqueeze(1)  # [L, 1, D]
+        return angles.cos(), angles.sin()
+
+    def _apply(self, fn, recurse=True):
+        """What ``.to()``, ``.half()``, ``.bfloat16()`` and the like run: ``inv_freq`` moves
+        with the module but keeps float32."""
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = inv_freq.to(self.inv_freq.device)  # follow moves, not casts
+        return self
+
+
+class PreNormLayer(TransformerLayer):
+    """ESM-2's layer: TAPE's parts, each LayerNorm moved before its block, rotary attention."""
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``x`` ``[B, L, H]`` -> ``[B, L, H]``, or ``[N, H]`` at the flat positions ``rows``
+        only: every position is attended to, but the attention output, the residual and the
+        feed-forward block run at those rows alone."""
+        attended = self.attention(self.attention_norm(x), attn_mask, rotary, rows)
+        if rows is not None:
+            x = x.flatten(0, 1).index_select(0, rows)
+        x = x + self.dropout(attended)
+        return x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(self.ffn_norm(x)))))
+
+
+# ESM's token dropout rescales as if this share of every sequence were <mask> tokens: the
+# share of ESM-2's own pre-training (15% masked, 80% of them <mask>), hard-coded there too.
+ESM_MASK_RATIO_TRAIN = 0.15 * 0.8
+
+
+class Esm2Encoder(nn.Module):
+    """ESM-2: token (or one-hot) embeddings, pre-LayerNorm rotary layers, a final LayerNorm.
+
+    With ``token_dropout`` (all ESM-2 checkpoints) the ``<mask>`` embeddings are zeroed, as if
+    dropped out, and every row is scaled by ``(1 - 0.12) / (1 - its <mask> share)``, in training
+    and inference alike; with a one-hot input the ``<mask>`` share is the one-hot's ``<mask>``
+    column, so straight-through gradients flow through the rescaling too.
+    """
+
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.mask_id = cfg.vocabulary.mask_id
+        self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.rotary = RotaryEmbedding(cfg.hidden_size // cfg.num_heads)
+        self.layers = nn.ModuleList(PreNormLayer(cfg) for _ in range(cfg.num_layers))
+        self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def token_dropout(
+        self, x: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
+        """Embeddings ``x`` ``[B, L, H]`` with ``<mask>`` zeroed and each row rescaled."""
+        if tokens.is_floating_point():
+            is_mask = tokens[..., self.mask_id].float()  # [B, L]
+        else:
+            is_mask = (tokens == self.mask_id).float()
+        observed = (is_mask * valid).sum(1) / valid.sum(1)  # [B]
+        scale = (1.0 - ESM_MASK_RATIO_TRAIN) / (1.0 - observed)
+        return x * ((1.0 - is_mask) * scale[:, None]).unsqueeze(-1).to(x.dtype)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        valid: torch.Tensor,
+        has_padding: bool = True,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Hidden states ``[B, L, H]``, or ``[N, H]`` at ``rows``; as
+        :meth:`ProteinEncoder.forward`. With ``rows`` the last layer's output projection and
+        feed-forward block and the final LayerNorm run at those rows only (nothing after the
+        last attention mixes positions): for masked-LM training, most of the last layer's work
+        is skipped. (TAPE's encoder computes every position and gathers, which keeps its
+        results bitwise what they were.)"""
+        length = valid.shape[1]
+        _check_length(self.cfg, length)
+        x = embed(self.token_embedding, tokens)
+        if self.cfg.token_dropout:
+            x = self.token_dropout(x, tokens, valid)
+        attn_mask = valid[:, None, None, :] if has_padding else None
+        rotary = self.rotary(length, valid.device)
         every = self.cfg.activation_checkpointing
-        for i, layer in enumerate(self.layers):
-            if every and self.training and torch.is_grad_enabled() and i % every == 0:
-                # Non-reentrant checkpointing works when only the input needs gradients, as in
-                # the noiser phase (encoder frozen, gradients flow to the one-hot input).
-                x = checkpoint(layer, x, attn_mask, use_reentrant=False)
-            else:
-                x = layer(x, attn_mask)
-        return x
+        x = run_layers(self.layers, x, every, attn_mask, rotary, last_rows=rows)
+        return self.final_norm(x)
+
+
+Encoder = ProteinEncoder | Esm2Encoder
+ENCODER_FAMILIES = {"tape": ProteinEncoder, "esm2": Esm2Encoder}
+
+
+def fresh_encoder(cfg: EncoderConfig) -> Encoder:
+    """A new encoder of ``cfg``'s family (weights as PyTorch's defaults)."""
+    return ENCODER_FAMILIES[cfg.family](cfg)
 
 
 class MLMHead(nn.Module):
@@ -173,12 +402,13 @@ class MaskedLanguageModel(nn.Module):
     """Encoder + MLM head; the loss is computed at masked positions only.
 
     Logits are never materialised at unmasked positions: the hidden states of the ``N`` masked
-    positions are gathered first, so the head costs ``N x H x V`` instead of ``B x L x H x V``.
+    positions are gathered first, so the head costs ``N x H x V`` instead of ``B x L x H x V``
+    (and ESM-2 runs most of its last layer at those positions only).
     """
 
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
-        self.encoder = ProteinEncoder(cfg)
+        self.encoder = fresh_encoder(cfg)
         self.head = MLMHead(cfg, self.encoder.token_embedding)
         self.apply(self._init_weights)
 
@@ -210,9 +440,9 @@ class MaskedLanguageModel(nn.Module):
             weight: ``[B, L]`` per-position loss weight (straight-through factors), or None.
             has_padding: False when the caller knows ``valid`` is all true (no mask needed).
         """
-        hidden = self.encoder(tokens, valid, has_padding)  # [B, L, H]
         positions = torch.nonzero_static(masked.flatten(), size=num_masked).squeeze(1)  # [N]
-        logits = self.head(hidden.flatten(0, 1).index_select(0, positions)).float()  # [N, V]
+        hidden = self.encoder(tokens, valid, has_padding, rows=positions)  # [N, H]
+        logits = self.head(hidden).float()  # [N, V]
         gold = targets.flatten().index_select(0, positions)
         token_loss = F.cross_entropy(logits, gold, reduction="none")
         if weight is not None:

@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils import parametrize
 
-from advpt.models.encoder import ProteinEncoder
+from advpt.models.encoder import Encoder
 from advpt.tasks import IGNORE_LABEL, KINDS, PER_RESIDUE, PER_SEQUENCE, REGRESSION
 
 POOLINGS = ("mean", "cls")
@@ -141,7 +141,7 @@ class TaskOutput(NamedTuple):
 class TaskModel(nn.Module):
     """The encoder plus one TAPE head; the loss is TAPE's (cross-entropy or MSE)."""
 
-    def __init__(self, encoder: ProteinEncoder, kind: str, num_labels: int, head: HeadConfig):
+    def __init__(self, encoder: Encoder, kind: str, num_labels: int, head: HeadConfig):
         super().__init__()
         if kind not in KINDS:
             raise ValueError(f"task kind must be one of {', '.join(KINDS)}, got {kind!r}")

@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from advpt.config import NoiserArch
-from advpt.masking.adversarial import NUM_SCORES
+from advpt.masking.adversarial import num_scores
 from advpt.models.encoder import EncoderConfig, ProteinEncoder
-from advpt.tokenizer import PAD_ID, VOCAB_SIZE
+from advpt.tokenizer import Vocabulary
 
 
 @dataclass
@@ -48,15 +48,15 @@ class GRUNoiser(nn.Module):
     neighbours alone: the forward state after token ``t - 1`` and the backward state after
     token ``t + 1``. The paper's noiser sees the residue it scores, so its choices can carry
     that residue to the encoder (which then finds adversarial positions *easier* than random
-    ones); a context-only noiser's choices cannot.
+    ones); a context-only noiser's choices cannot. It reads and scores ids of ``vocab``.
     """
 
-    def __init__(self, cfg: NoiserConfig):
+    def __init__(self, cfg: NoiserConfig, vocab: Vocabulary):
         super().__init__()
         self.hidden_size = cfg.hidden_size
         self.bidirectional = cfg.bidirectional
         self.context_only = cfg.context_only
-        self.embedding = nn.Embedding(VOCAB_SIZE, cfg.embedding_size, padding_idx=PAD_ID)
+        self.embedding = nn.Embedding(vocab.size, cfg.embedding_size, padding_idx=vocab.pad_id)
         self.gru = nn.GRU(
             cfg.embedding_size,
             cfg.hidden_size,
@@ -66,7 +66,7 @@ class GRUNoiser(nn.Module):
             batch_first=True,
         )
         directions = 2 if cfg.bidirectional else 1
-        self.head = nn.Linear(directions * cfg.hidden_size, NUM_SCORES)
+        self.head = nn.Linear(directions * cfg.hidden_size, num_scores(vocab))
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Scores ``[B, L, 1 + 2 + A]`` (float32) for ids ``[B, L]``.
@@ -123,13 +123,14 @@ class TransformerNoiser(nn.Module):
 
     The head starts at zero, so a fresh noiser scores every position and option alike: it
     begins as uniform random masking, the stable point, and moves away only as fast as its
-    learning rate and warmup allow.
+    learning rate and warmup allow. Its body is TAPE's architecture whatever the encoder's; it
+    reads and scores ids of ``vocab``.
     """
 
-    def __init__(self, cfg: EncoderConfig):
+    def __init__(self, cfg: EncoderConfig, vocab: Vocabulary):
         super().__init__()
-        self.body = ProteinEncoder(cfg)
-        self.head = nn.Linear(cfg.hidden_size, NUM_SCORES)
+        self.body = ProteinEncoder(dataclasses.replace(cfg, vocab_size=vocab.size))
+        self.head = nn.Linear(cfg.hidden_size, num_scores(vocab))
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
@@ -146,14 +147,19 @@ NOISER_ARCHITECTURES = get_args(NoiserArch)  # gru | transformer
 
 
 def build_noiser(
-    arch: str, preset: str, bidirectional: bool = True, context_only: bool = False
+    arch: str,
+    preset: str,
+    vocab: Vocabulary,
+    bidirectional: bool = True,
+    context_only: bool = False,
 ) -> nn.Module:
-    """A fresh noiser of architecture ``arch`` (gru | transformer) and size ``preset``."""
+    """A fresh noiser of architecture ``arch`` (gru | transformer) and size ``preset`` for ids of
+    ``vocab`` (the encoder's)."""
     if arch == "gru":
         cfg = NOISER_PRESETS[preset]
         return GRUNoiser(
-            dataclasses.replace(cfg, bidirectional=bidirectional, context_only=context_only)
+            dataclasses.replace(cfg, bidirectional=bidirectional, context_only=context_only), vocab
         )
     if arch == "transformer":
-        return TransformerNoiser(TRANSFORMER_NOISER_PRESETS[preset])
+        return TransformerNoiser(TRANSFORMER_NOISER_PRESETS[preset], vocab)
     raise ValueError(f"noiser architecture must be one of {NOISER_ARCHITECTURES}, got {arch!r}")

@@ -1,10 +1,12 @@
 """Encoder weights in and out without DeepSpeed: advpt exports and TAPE checkpoints.
 
-Two kinds of directory, each loaded as a fp32 :class:`ProteinEncoder` (run directories, which
-need DeepSpeed to consolidate, are read by ``advpt.training.consolidate.load_encoder``):
+Two kinds of directory, each loaded in fp32 (run directories, which need DeepSpeed to
+consolidate, are read by ``advpt.training.consolidate``; Hugging Face ESM-2 directories by
+``advpt.models.hf_esm``):
 
 * an advpt export (``config.json`` + ``model.safetensors``, written by ``advpt.export``), which
-  loads with torch and safetensors alone, no DeepSpeed;
+  loads with torch and safetensors alone, no DeepSpeed: the encoder, and its MLM head where the
+  source had one (:func:`load_masked_lm`), so that an export can score sequences and mutations;
 * a TAPE ``ProteinBertModel.save_pretrained`` directory (``config.json`` + ``pytorch_model.bin``).
 
 Fine-tuned models (encoder + TAPE head, written by ``advpt.finetune``) use the export layout
@@ -21,7 +23,7 @@ import dataclasses
 import json
 import pickle
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,7 +32,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from advpt.errors import CheckpointError, first_line
-from advpt.models.encoder import EncoderConfig, ProteinEncoder
+from advpt.models.encoder import (
+    Encoder,
+    EncoderConfig,
+    MaskedLanguageModel,
+    ProteinEncoder,
+    fresh_encoder,
+)
 from advpt.models.heads import HeadConfig, TaskModel
 
 EXPORT_FORMAT = "advpt-encoder"
@@ -95,7 +103,7 @@ def read_json(path: Path) -> dict[str, Any]:
     return content
 
 
-def _load_into(module: ModuleT, state: State, source: Path) -> ModuleT:
+def load_into(module: ModuleT, state: State, source: Path) -> ModuleT:
     """``module`` holding ``state`` in fp32, in eval mode; a missing or misshapen tensor names
     ``source``."""
     try:
@@ -107,19 +115,24 @@ def _load_into(module: ModuleT, state: State, source: Path) -> ModuleT:
     return module.eval()
 
 
-def build_encoder(cfg: EncoderConfig, state: State, source: Path) -> ProteinEncoder:
-    """A fp32 encoder holding ``state``."""
-    return _load_into(ProteinEncoder(cfg), state, source)
+def build_encoder(cfg: EncoderConfig, state: State, source: Path) -> Encoder:
+    """A fp32 encoder of ``cfg``'s family holding ``state``."""
+    return load_into(fresh_encoder(cfg), state, source)
+
+
+def encoder_of(model: MaskedLanguageModel | Encoder) -> Encoder:
+    """The encoder of a masked LM, or ``model`` itself when it is a bare encoder."""
+    return model.encoder if isinstance(model, MaskedLanguageModel) else model
 
 
 # ----------------------------------------------------------------------------- advpt exports
 
 
-def _save_weights_dir(module: torch.nn.Module, out_dir: Path, config: dict[str, Any]) -> None:
-    """Write ``config`` as ``config.json`` and ``module``'s fp32 weights as safetensors."""
+def _save_weights_dir(state: State, out_dir: Path, config: dict[str, Any]) -> None:
+    """Write ``config`` as ``config.json`` and the tensors ``state`` in fp32 as safetensors."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    state = {k: v.detach().float().contiguous() for k, v in module.state_dict().items()}
+    state = {k: v.detach().float().contiguous() for k, v in state.items()}
     save_file(state, str(out_dir / EXPORT_WEIGHTS), metadata={"format": config["format"]})
 
 
@@ -130,21 +143,66 @@ def _read_weights_config(root: Path, kind: str, what: str) -> tuple[dict[str, An
         raise CheckpointError(f"{root / CONFIG_FILE} is not an advpt {what}")
     try:
         return config, EncoderConfig(**config["encoder"])
-    except TypeError as err:
+    except (TypeError, ValueError) as err:
         raise CheckpointError(f"{root / CONFIG_FILE}: bad encoder settings ({err})") from None
 
 
-def save_export(encoder: ProteinEncoder, out_dir: Path) -> None:
-    """Write ``encoder`` as ``config.json`` (its :class:`EncoderConfig`) + ``model.safetensors``."""
-    config = {"format": EXPORT_FORMAT, "encoder": dataclasses.asdict(encoder.cfg)}
-    _save_weights_dir(encoder, out_dir, config)
+HEAD_PREFIX = "head."  # an export's MLM head tensors; the encoder's keep their own names
 
 
-def load_export(export_dir: str | Path) -> ProteinEncoder:
-    """An encoder written by :func:`save_export`; needs torch and safetensors only."""
+def save_export(model: MaskedLanguageModel | Encoder, out_dir: Path) -> None:
+    """Write ``model`` as ``config.json`` (its :class:`EncoderConfig`) + ``model.safetensors``.
+
+    The weights are the encoder's under their own names and, for a masked LM, the MLM head's
+    under ``head.`` (less its decoder, which is the token embedding).
+    """
+    encoder = encoder_of(model)
+    state = dict(encoder.state_dict())
+    if isinstance(model, MaskedLanguageModel):
+        head = model.head.state_dict()
+        state |= {HEAD_PREFIX + k: v for k, v in head.items() if k != "token_embedding.weight"}
+    config = {
+        "format": EXPORT_FORMAT,
+        "mlm_head": isinstance(model, MaskedLanguageModel),
+        "encoder": dataclasses.asdict(encoder.cfg),
+    }
+    _save_weights_dir(state, out_dir, config)
+
+
+def read_export(export_dir: str | Path) -> MaskedLanguageModel | Encoder:
+    """What :func:`save_export` wrote: the masked LM, or the bare encoder of an export without
+    an MLM head (one made from a TAPE directory, or by an earlier advpt)."""
     root = Path(export_dir)
     _, cfg = _read_weights_config(root, EXPORT_FORMAT, "encoder export")
-    return build_encoder(cfg, _load_safetensors(root / EXPORT_WEIGHTS), root / EXPORT_WEIGHTS)
+    source = root / EXPORT_WEIGHTS
+    weights = _load_safetensors(source)
+    encoder = {k: v for k, v in weights.items() if not k.startswith(HEAD_PREFIX)}
+    if len(encoder) == len(weights):
+        return build_encoder(cfg, weights, source)
+    state = {f"encoder.{k}": v for k, v in encoder.items()}
+    state |= {k: v for k, v in weights.items() if k.startswith(HEAD_PREFIX)}
+    state["head.token_embedding.weight"] = encoder.get("token_embedding.weight", torch.empty(0))
+    return load_into(MaskedLanguageModel(cfg), state, source)
+
+
+def load_export(export_dir: str | Path) -> Encoder:
+    """The encoder written by :func:`save_export`; needs torch and safetensors only."""
+    return encoder_of(read_export(export_dir))
+
+
+def load_masked_lm(export_dir: str | Path) -> MaskedLanguageModel:
+    """The encoder and MLM head written by :func:`save_export`, in eval mode, for scoring::
+
+    model = load_masked_lm(OUT_DIR)
+    logits = model.head(model.encoder(ids, valid))      # [B, L, V], ids of its vocabulary
+    """
+    model = read_export(export_dir)
+    if not isinstance(model, MaskedLanguageModel):
+        raise CheckpointError(
+            f"{export_dir} holds an encoder without an MLM head (exported from a TAPE "
+            "directory or by an earlier advpt)"
+        )
+    return model
 
 
 def save_task_model(model: TaskModel, out_dir: Path, task: dict[str, Any]) -> None:
@@ -157,7 +215,7 @@ def save_task_model(model: TaskModel, out_dir: Path, task: dict[str, Any]) -> No
         "head": dataclasses.asdict(model.head_config),
         "encoder": dataclasses.asdict(model.encoder.cfg),
     }
-    _save_weights_dir(model, out_dir, config)
+    _save_weights_dir(model.state_dict(), out_dir, config)
 
 
 def load_task_model(model_dir: str | Path) -> TaskModel:
@@ -166,11 +224,63 @@ def load_task_model(model_dir: str | Path) -> TaskModel:
     config, cfg = _read_weights_config(root, TASK_MODEL_FORMAT, "fine-tuned model")
     try:
         model = TaskModel(
-            ProteinEncoder(cfg), config["kind"], config["num_labels"], HeadConfig(**config["head"])
+            fresh_encoder(cfg), config["kind"], config["num_labels"], HeadConfig(**config["head"])
         )
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"{root / CONFIG_FILE}: bad task settings ({err})") from None
-    return _load_into(model, _load_safetensors(root / EXPORT_WEIGHTS), root / EXPORT_WEIGHTS)
+    return load_into(model, _load_safetensors(root / EXPORT_WEIGHTS), root / EXPORT_WEIGHTS)
+
+
+# ----------------------------------------------------------------------------- BERT layouts
+
+
+# EncoderConfig field -> the BERT-style config's (TAPE's ProteinBertConfig, EsmConfig).
+BERT_CONFIG = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "intermediate_size": "intermediate_size",
+    "dropout": "hidden_dropout_prob",
+    "attention_dropout": "attention_probs_dropout_prob",
+    "max_positions": "max_position_embeddings",
+    "layer_norm_eps": "layer_norm_eps",
+    "initializer_range": "initializer_range",
+}
+
+
+def layers_from_bert(
+    get: Callable[[str], torch.Tensor], prefix: str, names: dict[str, str], num_layers: int
+) -> State:
+    """advpt's transformer-layer tensors from a BERT-layout checkpoint (TAPE's, ESM's).
+
+    Layer ``i``'s tensors there are named ``{prefix}{i}.`` + ``attention.self.{query,key,value}``
+    (fused here into ``qkv``, in that order) or a name ``names`` maps advpt's to; ``get``
+    returns the checkpoint's tensor of a name (or raises for a missing one).
+    """
+    state = {}
+    for i in range(num_layers):
+        src = f"{prefix}{i}."
+        for kind in ("weight", "bias"):
+            parts = [get(f"{src}attention.self.{p}.{kind}") for p in _QKV]
+            state[f"layers.{i}.attention.qkv.{kind}"] = torch.cat(parts)
+            for name, theirs in names.items():
+                state[f"layers.{i}.{name}.{kind}"] = get(f"{src}{theirs}.{kind}")
+    return state
+
+
+def layers_to_bert(ours: State, prefix: str, names: dict[str, str], num_layers: int) -> State:
+    """The inverse of :func:`layers_from_bert`: ``ours`` holds an encoder's tensors."""
+    state = {}
+    for i in range(num_layers):
+        dst = f"{prefix}{i}."
+        for kind in ("weight", "bias"):
+            fused = ours[f"layers.{i}.attention.qkv.{kind}"].chunk(3)
+            for part, tensor in zip(_QKV, fused, strict=True):
+                state[f"{dst}attention.self.{part}.{kind}"] = tensor.clone()
+            for name, theirs in names.items():
+                state[f"{dst}{theirs}.{kind}"] = ours[f"layers.{i}.{name}.{kind}"]
+    return state
 
 
 # ----------------------------------------------------------------------------- TAPE
@@ -189,27 +299,12 @@ _TAPE_LAYER = {
     "ffn_out": "output.dense",
     "ffn_norm": "output.LayerNorm",
 }
-_TAPE_QKV = ("query", "key", "value")
-
-
-# EncoderConfig field -> ProteinBertConfig field.
-_TAPE_CONFIG = {
-    "vocab_size": "vocab_size",
-    "hidden_size": "hidden_size",
-    "num_layers": "num_hidden_layers",
-    "num_heads": "num_attention_heads",
-    "intermediate_size": "intermediate_size",
-    "dropout": "hidden_dropout_prob",
-    "attention_dropout": "attention_probs_dropout_prob",
-    "max_positions": "max_position_embeddings",
-    "layer_norm_eps": "layer_norm_eps",
-    "initializer_range": "initializer_range",
-}
+_QKV = ("query", "key", "value")
 
 
 def tape_config(cfg: EncoderConfig) -> dict[str, Any]:
     """TAPE ``ProteinBertConfig`` settings for an advpt encoder config."""
-    config = {tape_key: getattr(cfg, key) for key, tape_key in _TAPE_CONFIG.items()}
+    config = {tape_key: getattr(cfg, key) for key, tape_key in BERT_CONFIG.items()}
     return {**config, "hidden_act": "gelu", "type_vocab_size": 2}
 
 
@@ -218,10 +313,10 @@ def _encoder_config_from_tape(config: dict[str, Any], source: Path) -> EncoderCo
         raise CheckpointError(
             f"{source} uses activation {config['hidden_act']!r}; advpt's encoder uses gelu"
         )
-    missing = [tape_key for tape_key in _TAPE_CONFIG.values() if tape_key not in config]
+    missing = [tape_key for tape_key in BERT_CONFIG.values() if tape_key not in config]
     if missing:
         raise CheckpointError(f"{source} has no {missing[0]!r} setting")
-    return EncoderConfig(**{key: config[tape_key] for key, tape_key in _TAPE_CONFIG.items()})
+    return EncoderConfig(**{key: config[tape_key] for key, tape_key in BERT_CONFIG.items()})
 
 
 def load_tape(tape_dir: str | Path) -> ProteinEncoder:
@@ -245,36 +340,25 @@ def load_tape(tape_dir: str | Path) -> ProteinEncoder:
         get("embeddings.position_embeddings.weight")
         + get("embeddings.token_type_embeddings.weight")[0]
     )
-    for i in range(cfg.num_layers):
-        src = f"encoder.layer.{i}."
-        for kind in ("weight", "bias"):
-            parts = [get(f"{src}attention.self.{p}.{kind}") for p in _TAPE_QKV]
-            state[f"layers.{i}.attention.qkv.{kind}"] = torch.cat(parts)
-            for name, tape_name in _TAPE_LAYER.items():
-                state[f"layers.{i}.{name}.{kind}"] = get(f"{src}{tape_name}.{kind}")
+    state |= layers_from_bert(get, "encoder.layer.", _TAPE_LAYER, cfg.num_layers)
     return build_encoder(cfg, state, weights)
 
 
-def save_tape(encoder: ProteinEncoder, out_dir: Path) -> None:
+def save_tape(encoder: Encoder, out_dir: Path) -> None:
     """Write ``encoder`` as TAPE's ``save_pretrained`` does, for ``ProteinBertModel``.
 
     The token-type table is written as zeros (advpt's positions already hold what TAPE adds),
     and the pooler is left out: TAPE's ``from_pretrained`` initialises it, untrained, as TAPE's
     own pre-training left it.
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
     cfg = encoder.cfg
+    if cfg.family != "tape":
+        raise CheckpointError(f"TAPE's format holds TAPE's transformer, not a {cfg.family} encoder")
+    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / CONFIG_FILE).write_text(json.dumps(tape_config(cfg), indent=2) + "\n")
     ours = {k: v.detach().float().clone() for k, v in encoder.state_dict().items()}
     state = {tape_name: ours[name] for name, tape_name in _TAPE_EMBEDDINGS.items()}
     state["embeddings.position_embeddings.weight"] = ours["position_embedding.weight"]
     state["embeddings.token_type_embeddings.weight"] = torch.zeros(2, cfg.hidden_size)
-    for i in range(cfg.num_layers):
-        dst = f"encoder.layer.{i}."
-        for kind in ("weight", "bias"):
-            fused = ours[f"layers.{i}.attention.qkv.{kind}"].chunk(3)
-            for part, tensor in zip(_TAPE_QKV, fused, strict=True):
-                state[f"{dst}attention.self.{part}.{kind}"] = tensor.clone()
-            for name, tape_name in _TAPE_LAYER.items():
-                state[f"{dst}{tape_name}.{kind}"] = ours[f"layers.{i}.{name}.{kind}"]
+    state |= layers_to_bert(ours, "encoder.layer.", _TAPE_LAYER, cfg.num_layers)
     torch.save(state, out_dir / TAPE_WEIGHTS)

@@ -22,8 +22,9 @@ from advpt.data.batching import LengthBucketedBatches
 from advpt.data.collate import Batch, MaskingCollator
 from advpt.data.dataset import CroppedView, ProteinDataset, train_val_split
 from advpt.data.stream import MicroBatches, validation_batches
-from advpt.errors import ConfigError
+from advpt.errors import CheckpointError, ConfigError
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
+from advpt.training.consolidate import load_model
 from advpt.training.engines import build_engine, load_ds_config
 from advpt.training.preemption import StopSignals
 from advpt.training.schedule import noiser_lr_steps
@@ -82,7 +83,8 @@ def build_data(
 ) -> tuple[MicroBatches, list[Batch]]:
     """This rank's training stream and validation micro-batches."""
     d = config.data
-    dataset = ProteinDataset.from_path(d.data, d.unknown_to_unk, d.skip_bad_records)
+    vocab = ENCODER_PRESETS[config.model.encoder].vocabulary  # the encoder decides the ids
+    dataset = ProteinDataset.from_path(d.data, vocab, d.unknown_to_unk, d.skip_bad_records)
     train_idx, val_idx = train_val_split(len(dataset), d.val_fraction, config.run.seed)
     train_view = CroppedView(dataset, train_idx, d.max_length, config.run.seed)
     random_rate, adversarial_rate = config.masking_rates()
@@ -90,13 +92,14 @@ def build_data(
         train_view.token_lengths, micro_batch, rank=rank, world_size=world,
         seed=config.run.seed, bucket_batches=d.bucket_batches,
     )  # fmt: skip
-    stream = MicroBatches(
-        train_view, batches, MaskingCollator(random_rate, adversarial_rate, config.run.seed)
-    )
+    collate = MaskingCollator(random_rate, adversarial_rate, config.run.seed, vocab)
+    stream = MicroBatches(train_view, batches, collate)
     validation = []
     if len(val_idx):
         val_view = CroppedView(dataset, val_idx, d.max_length, config.run.seed)
-        val_collate = MaskingCollator(random_rate + adversarial_rate, 0.0, config.run.seed + 1)
+        val_collate = MaskingCollator(
+            random_rate + adversarial_rate, 0.0, config.run.seed + 1, vocab
+        )
         validation = validation_batches(
             val_view, micro_batch, val_collate, config.run.eval_batches, rank, world
         )
@@ -113,9 +116,10 @@ def build_engines(
         ENCODER_PRESETS[config.model.encoder],
         activation_checkpointing=config.model.activation_checkpointing,
     )
-    encoder = build_engine(
-        MaskedLanguageModel(encoder_cfg), encoder_ds, s.warmup_steps, s.max_steps
-    )
+    model = MaskedLanguageModel(encoder_cfg)
+    if config.model.init_from:
+        init_from(model, config.model.init_from, config.model.encoder)
+    encoder = build_engine(model, encoder_ds, s.warmup_steps, s.max_steps)
     noiser = None
     if config.adversarial:
         m = config.model
@@ -123,8 +127,11 @@ def build_engines(
             s.max_steps, s.warmup_steps, s.noiser_steps, s.encoder_steps,
             s.noiser_warmup_steps, config.simultaneous,
         )  # fmt: skip
-        model = build_noiser(m.noiser_arch, m.noiser, m.noiser_bidirectional, m.noiser_context_only)
-        noiser = build_engine(model, noiser_ds, warmup, total)
+        noiser_model = build_noiser(
+            m.noiser_arch, m.noiser, encoder_cfg.vocabulary, m.noiser_bidirectional,
+            m.noiser_context_only,
+        )  # fmt: skip
+        noiser = build_engine(noiser_model, noiser_ds, warmup, total)
         if config.simultaneous and (
             noiser.gradient_accumulation_steps() != encoder.gradient_accumulation_steps()
         ):
@@ -134,3 +141,29 @@ def build_engines(
                 "same gradient accumulation (train_batch_size)"
             )
     return encoder, noiser
+
+
+def init_from(model: MaskedLanguageModel, path: str, preset: str) -> None:
+    """Load the masked LM saved in ``path`` (any ``load_model`` directory) into ``model``, built
+    from encoder preset ``preset``: continued pre-training.
+
+    The preset must describe the saved model's architecture (the run's ``config.json`` names the
+    preset, which is how the run's checkpoints are read back); its training settings (dropout)
+    are the run's.
+    """
+    source = load_model(path)
+    if not isinstance(source, MaskedLanguageModel):
+        raise CheckpointError(
+            f"--init_from {path} holds an encoder without an MLM head; masked-LM pre-training "
+            "starts from a masked LM (such as transformers' EsmForMaskedLM)"
+        )
+    theirs, ours = source.encoder.cfg.architecture(), model.encoder.cfg.architecture()
+    if theirs != ours:
+        key = next(k for k in ours if theirs[k] != ours[k])
+        match = [name for name, cfg in ENCODER_PRESETS.items() if cfg.architecture() == theirs]
+        hint = f"; pass --encoder {match[0]}" if match else "; no encoder preset has its shape"
+        raise ConfigError(
+            f"--init_from {path} holds a model with {key} = {theirs[key]!r}, not "
+            f"{ours[key]!r} as encoder preset {preset!r} has{hint}"
+        )
+    model.load_state_dict(source.state_dict())

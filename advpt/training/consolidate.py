@@ -1,11 +1,15 @@
-"""Pre-trained encoders from any directory, run checkpoints included.
+"""Pre-trained models from any directory, run checkpoints included.
 
-:func:`load_encoder` takes any of three directories and returns a fp32 :class:`ProteinEncoder`:
+:func:`load_model` takes any of four directories and returns the fp32 model it holds, the
+``MaskedLanguageModel`` where the directory has an MLM head, else the bare encoder
+(:func:`load_encoder` returns the encoder either way):
 
 * an advpt pre-training run (``config.json`` + ``checkpoints/latest``): the newest complete
   checkpoint of the ``MaskedLanguageModel`` engine, consolidated to fp32 for any ZeRO stage and
   any number of ranks it was written with (this needs DeepSpeed, hence this module's place in
   ``training/``);
+* a Hugging Face ESM-2 directory (``EsmForMaskedLM`` or ``EsmModel``), read by
+  ``advpt.models.hf_esm``;
 * an advpt export or a TAPE ``save_pretrained`` directory, read by ``advpt.models.pretrained``
   with torch and safetensors alone.
 """
@@ -19,40 +23,51 @@ import torch
 from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
 from advpt.errors import CheckpointError
-from advpt.models.encoder import ENCODER_PRESETS, MaskedLanguageModel, ProteinEncoder
+from advpt.models.encoder import ENCODER_PRESETS, Encoder, MaskedLanguageModel
+from advpt.models.hf_esm import is_hf_esm_dir, load_hf_esm
 from advpt.models.pretrained import (
     CONFIG_FILE,
     EXPORT_WEIGHTS,
     TAPE_WEIGHTS,
     State,
-    build_encoder,
-    load_export,
+    encoder_of,
+    load_into,
     load_tape,
+    read_export,
     read_json,
 )
 from advpt.training.checkpoint import complete_latest, verify_weights_only
 from advpt.training.engines import parameter_groups
 
 
-def load_encoder(path: str | Path) -> ProteinEncoder:
-    """The encoder saved in ``path``: an advpt run directory, an advpt export or a TAPE model."""
+def load_model(path: str | Path) -> MaskedLanguageModel | Encoder:
+    """The model saved in ``path`` (an advpt run directory or export, a Hugging Face ESM-2
+    directory or a TAPE model): with its MLM head where it has one."""
     root = Path(path)
     if not root.is_dir():
         raise CheckpointError(f"pre-trained encoder {root} is not a directory")
     if (root / "checkpoints").is_dir():
         return _from_run_dir(root)
+    if is_hf_esm_dir(root):
+        return load_hf_esm(root)
     if (root / EXPORT_WEIGHTS).is_file():
-        return load_export(root)
+        return read_export(root)
     if (root / TAPE_WEIGHTS).is_file():
         return load_tape(root)
     raise CheckpointError(
-        f"{root} is none of: an advpt run directory (checkpoints/), an advpt export "
-        f"({EXPORT_WEIGHTS}) or a TAPE save_pretrained directory ({TAPE_WEIGHTS})"
+        f"{root} is none of: an advpt run directory (checkpoints/), a Hugging Face ESM "
+        f"directory (config.json of model_type esm), an advpt export ({EXPORT_WEIGHTS}) or a "
+        f"TAPE save_pretrained directory ({TAPE_WEIGHTS})"
     )
 
 
-def _from_run_dir(run_dir: Path) -> ProteinEncoder:
-    """The newest complete checkpoint of a pre-training run, as a fp32 encoder."""
+def load_encoder(path: str | Path) -> Encoder:
+    """The encoder saved in ``path``, any of :func:`load_model`'s directories."""
+    return encoder_of(load_model(path))
+
+
+def _from_run_dir(run_dir: Path) -> MaskedLanguageModel:
+    """The newest complete checkpoint of a pre-training run, as a fp32 masked LM."""
     preset = read_json(run_dir / CONFIG_FILE).get("model", {}).get("encoder")
     if preset not in ENCODER_PRESETS:
         raise CheckpointError(
@@ -62,11 +77,13 @@ def _from_run_dir(run_dir: Path) -> ProteinEncoder:
     tag = complete_latest(run_dir / "checkpoints")
     model = MaskedLanguageModel(ENCODER_PRESETS[preset])
     state = _consolidated(run_dir / "checkpoints" / "encoder", tag, model)
-    prefix = "encoder."
-    encoder_state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
-    return build_encoder(
-        model.encoder.cfg, encoder_state, run_dir / "checkpoints" / "encoder" / tag
-    )
+    source = run_dir / "checkpoints" / "encoder" / tag
+    # The decoder is the token embedding: one tensor under two names, of which a mixed-precision
+    # ZeRO-0 checkpoint has the fp32 master under the encoder's only.
+    if "encoder.token_embedding.weight" not in state:
+        raise CheckpointError(f"{source} has no encoder.token_embedding.weight")
+    state["head.token_embedding.weight"] = state["encoder.token_embedding.weight"]
+    return load_into(model, state, source)
 
 
 def _consolidated(engine_dir: Path, tag: str, model: MaskedLanguageModel) -> State:

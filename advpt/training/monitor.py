@@ -21,10 +21,10 @@ from torch.utils.tensorboard import SummaryWriter
 
 from advpt.data.collate import Batch
 from advpt.errors import cannot_write
-from advpt.masking.adversarial import NUM_OPTIONS, OPTION_KEEP, OPTION_MASK
+from advpt.masking.adversarial import OPTION_KEEP, OPTION_MASK, num_options
 from advpt.masking.importance import effective_sample_share
 from advpt.models.encoder import MLMOutput
-from advpt.tokenizer import FIRST_RESIDUE_ID, RESIDUES, VOCAB_SIZE
+from advpt.tokenizer import Vocabulary
 from advpt.training.objective import Draw
 
 logger = logging.getLogger(__name__)
@@ -37,22 +37,35 @@ _SCALARS = (
     "tokens", "padded_slots",
     "mask_entropy_sum", "noiser_draws", "importance_ess_sum", "importance_draws",
 )  # fmt: skip
-_OPTIONS = slice(len(_SCALARS), len(_SCALARS) + NUM_OPTIONS)
-_ADV_BY_RESIDUE = slice(_OPTIONS.stop, _OPTIONS.stop + VOCAB_SIZE)
-_ALL_BY_RESIDUE = slice(_ADV_BY_RESIDUE.stop, _ADV_BY_RESIDUE.stop + VOCAB_SIZE)
 # Adversarial positions by how they were corrupted: [MASK], kept, replaced by any residue.
 _OPTION_GROUPS = ("mask", "keep", "replace")
-_ADV_LOSS_BY_GROUP = slice(_ALL_BY_RESIDUE.stop, _ALL_BY_RESIDUE.stop + len(_OPTION_GROUPS))
-_ADV_COUNT_BY_GROUP = slice(_ADV_LOSS_BY_GROUP.stop, _ADV_LOSS_BY_GROUP.stop + len(_OPTION_GROUPS))
-_SIZE = _ADV_COUNT_BY_GROUP.stop
 _INDEX = {name: i for i, name in enumerate(_SCALARS)}
+
+
+def _layout(vocab: Vocabulary) -> dict[str, slice]:
+    """Where each vector of counters sits after the scalars, for ids of ``vocab``."""
+    sizes = {
+        "options": num_options(vocab),  # noiser choices by option
+        "adv_by_token": vocab.size,  # adversarial positions by original token
+        "all_by_token": vocab.size,  # residues by token: the background for the above
+        "adv_loss_by_group": len(_OPTION_GROUPS),
+        "adv_count_by_group": len(_OPTION_GROUPS),
+    }
+    layout, start = {}, len(_SCALARS)
+    for name, size in sizes.items():
+        layout[name] = slice(start, start + size)
+        start += size
+    return layout
 
 
 class MetricsAccumulator:
     """Running sums over the micro-steps since the last logging step, kept on ``device``."""
 
-    def __init__(self, device: torch.device):
-        self.counters = torch.zeros(_SIZE, dtype=torch.float64, device=device)
+    def __init__(self, device: torch.device, vocab: Vocabulary):
+        self.vocab = vocab
+        self.at = _layout(vocab)
+        size = max(where.stop for where in self.at.values())
+        self.counters = torch.zeros(size, dtype=torch.float64, device=device)
         self.started = time.perf_counter()
 
     def add_scalar(self, name: str, value: torch.Tensor | float) -> None:
@@ -91,8 +104,9 @@ class MetricsAccumulator:
         """
         group = option.clamp(max=len(_OPTION_GROUPS) - 1)  # every replace-by-residue option: 2
         adv = is_adversarial.to(torch.float64)
-        self.counters[_ADV_LOSS_BY_GROUP].index_add_(0, group, token_loss.to(torch.float64) * adv)
-        self.counters[_ADV_COUNT_BY_GROUP].index_add_(0, group, adv)
+        losses = token_loss.to(torch.float64) * adv
+        self.counters[self.at["adv_loss_by_group"]].index_add_(0, group, losses)
+        self.counters[self.at["adv_count_by_group"]].index_add_(0, group, adv)
 
     def add_tokens(self, num_tokens: int, padded_slots: int) -> None:
         self.counters[_INDEX["tokens"]] += num_tokens
@@ -101,10 +115,10 @@ class MetricsAccumulator:
     def add_masking(self, ids: torch.Tensor, positions: torch.Tensor, option: torch.Tensor) -> None:
         """Which options the noiser chose ``[B, L]``, and which residues it masked vs all."""
         chosen = positions.flatten().to(torch.float64)
-        self.counters[_OPTIONS].index_add_(0, option.flatten(), chosen)
-        self.counters[_ADV_BY_RESIDUE].index_add_(0, ids.flatten(), chosen)
-        residues = (ids.flatten() >= FIRST_RESIDUE_ID).to(torch.float64)
-        self.counters[_ALL_BY_RESIDUE].index_add_(0, ids.flatten(), residues)
+        self.counters[self.at["options"]].index_add_(0, option.flatten(), chosen)
+        self.counters[self.at["adv_by_token"]].index_add_(0, ids.flatten(), chosen)
+        residues = self.vocab.is_residue(ids.flatten()).to(torch.float64)
+        self.counters[self.at["all_by_token"]].index_add_(0, ids.flatten(), residues)
 
     def add_draw(self, entropy: torch.Tensor, importance_ess: torch.Tensor | None) -> None:
         """A noiser draw's ``[B]`` position entropies and, if reweighted, its ESS share."""
@@ -152,7 +166,10 @@ class MetricsAccumulator:
                 out[f"{kind}_loss"] = loss
                 out[f"{kind}_accuracy"] = s[f"{kind}_correct"] / s[f"{kind}_count"]
                 out[f"{kind}_perplexity"] = math.exp(min(loss, 50.0))
-        by_group = zip(_OPTION_GROUPS, c[_ADV_LOSS_BY_GROUP], c[_ADV_COUNT_BY_GROUP], strict=True)
+        at = self.at
+        by_group = zip(
+            _OPTION_GROUPS, c[at["adv_loss_by_group"]], c[at["adv_count_by_group"]], strict=True
+        )
         for name, loss_sum, count in by_group:
             if count:
                 out[f"adversarial_{name}_loss"] = loss_sum / count
@@ -164,16 +181,16 @@ class MetricsAccumulator:
         if s["padded_slots"]:
             out["padding_fraction"] = 1.0 - s["tokens"] / s["padded_slots"]
 
-        options = c[_OPTIONS]
+        options = c[at["options"]]
         chosen = sum(options)
         if chosen:
             out["option_mask_share"] = options[OPTION_MASK] / chosen
             out["option_keep_share"] = options[OPTION_KEEP] / chosen
             out["option_replace_share"] = sum(options[2:]) / chosen
-            adv, background = c[_ADV_BY_RESIDUE], c[_ALL_BY_RESIDUE]
+            adv, background = c[at["adv_by_token"]], c[at["all_by_token"]]
             total_bg = sum(background)
             enrichment = {}
-            for i, letter in enumerate(RESIDUES, start=FIRST_RESIDUE_ID):
+            for i, letter in enumerate(self.vocab.residues, start=self.vocab.first_residue_id):
                 if background[i]:
                     # share of the adversarial masks / share of the residues: 1 = no preference
                     enrichment[letter] = (adv[i] / chosen) / (background[i] / total_bg)

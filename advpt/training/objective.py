@@ -32,6 +32,7 @@ from advpt.data.collate import Batch
 from advpt.masking.adversarial import AdversarialSample, adversarial_corrupt, position_entropy
 from advpt.masking.importance import importance_weights, with_random_options
 from advpt.models.encoder import MLMOutput
+from advpt.tokenizer import Vocabulary
 from advpt.training.reversal import EngineBridge
 
 Backward = Callable[[torch.Tensor], Any]
@@ -76,8 +77,11 @@ def masked_lm(
 class AdversarialObjective:
     """The losses of the noiser, encoder and joint phases for one masking configuration."""
 
-    def __init__(self, masking: MaskingConfig, importance: bool, reversal_scale: float):
+    def __init__(
+        self, masking: MaskingConfig, importance: bool, reversal_scale: float, vocab: Vocabulary
+    ):
         self.masking = masking
+        self.vocab = vocab
         self.importance = importance
         self.reversal_scale = reversal_scale
 
@@ -90,7 +94,7 @@ class AdversarialObjective:
         m = self.masking
         importance = None
         if self.importance:
-            sample = self._corrupt(with_random_options(scores), batch)
+            sample = self._corrupt(with_random_options(scores, self.vocab), batch)
             importance = importance_weights(
                 scores[..., 0], batch.eligible, batch.budget, sample.positions, m.importance_clip
             )
@@ -106,6 +110,7 @@ class AdversarialObjective:
             batch.eligible,
             batch.budget,
             batch.max_budget,
+            self.vocab,
             m.subset_temperature,
             m.option_temperature,
             m.straight_through_positions,

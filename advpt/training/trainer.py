@@ -95,10 +95,11 @@ class Trainer:
         self.counters = Counters()
         self.base_batch = {name: e.train_batch_size() for name, e in self.engines.items()}
         self.is_main = not dist.is_initialized() or dist.get_rank() == 0
+        self.vocab = encoder_engine.module.encoder.cfg.vocabulary  # the encoder's ids, all along
         self.objective = AdversarialObjective(
-            config.masking, config.importance, config.schedule.reversal_scale
+            config.masking, config.importance, config.schedule.reversal_scale, self.vocab
         )
-        self.metrics = MetricsAccumulator(device)
+        self.metrics = MetricsAccumulator(device, self.vocab)
         self._last_phase = self.schedule.phase
         self._skipped_in_a_row = {name: 0 for name in self.engines}
         self._grad_norms: dict[str, torch.Tensor] = {}
@@ -148,7 +149,7 @@ class Trainer:
             dynamic_ncols=True,
         )
         last: dict[str, Any] = {}
-        self.metrics = MetricsAccumulator(self.device)
+        self.metrics = MetricsAccumulator(self.device, self.vocab)
         try:
             while self.counters.encoder_step < stop_at and not self.stopped_by:
                 last = self._train_step(data, writer, progress, stop_at) or last

@@ -1,0 +1,189 @@
+"""advpt's ESM-2 training step against transformers' ``EsmForMaskedLM``, side by side.
+
+    python scripts/bench_esm.py --preset esm2_t6_8M --batch 8 --length 256          # CPU
+    python scripts/bench_esm.py --preset esm2_t33_650M --batch 32 --length 512 --dtype bf16
+
+Both models get the same weights (advpt's, copied into ``transformers``' layout), the same batch
+(``--batch`` unpadded sequences of ``--length`` tokens: ``<cls>``, random residues, ``<eos>``;
+``--masking_rate`` of the residues replaced by ``<mask>``) and the same optimizer (``torch``
+AdamW, lr 1e-4, weight decay 0.01). One training step is forward, MLM loss, backward and an
+optimizer step. advpt computes the MLM head at the masked positions only; ``transformers``
+computes logits everywhere and ignores the unmasked labels. The first step's losses are printed
+for both (they must agree, or the comparison is void), then the two models take turns: each round
+times ``--steps`` steps of one, then of the other, so that load from other processes hits both
+alike; the reported time is the median over ``--rounds`` rounds. ``--dtype bf16`` runs both under
+``torch.autocast``. The device is CUDA when available (``--device`` overrides), unchanged code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from advpt.models import ENCODER_PRESETS, MaskedLanguageModel  # noqa: E402
+from advpt.models.hf_esm import hf_config, hf_state  # noqa: E402
+from advpt.tokenizer import ESM  # noqa: E402
+
+STANDARD = "ACDEFGHIKLMNPQRSTVWY"  # residues of the random sequences
+
+
+def make_batch(batch: int, length: int, rate: float, device: torch.device, seed: int = 0):
+    """ESM ids ``[B, L]`` (unpadded), their corrupted copy, and the masked positions."""
+    g = torch.Generator().manual_seed(seed)
+    letters = torch.tensor([int(ESM.byte_to_id[ord(c)]) for c in STANDARD])
+    ids = letters[torch.randint(len(STANDARD), (batch, length), generator=g)]
+    ids[:, 0], ids[:, -1] = ESM.cls_id, ESM.eos_id
+    masked = ESM.is_residue(ids) & (torch.rand(ids.shape, generator=g) < rate)
+    inputs = torch.where(masked, torch.full_like(ids, ESM.mask_id), ids)
+    return ids.to(device), inputs.to(device), masked.to(device)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build(preset: str, device: torch.device, lr: float = 1e-4):
+    """advpt's model and transformers' with equal weights, each with its own AdamW."""
+    from transformers import EsmConfig, EsmForMaskedLM
+
+    torch.manual_seed(0)
+    cfg = ENCODER_PRESETS[preset]
+    if cfg.family != "esm2":
+        raise SystemExit(f"--preset must be an ESM-2 preset, not {preset!r}")
+    ours = MaskedLanguageModel(cfg)
+    reference = EsmForMaskedLM(EsmConfig(**hf_config(cfg), attn_implementation="sdpa"))
+    missing, unexpected = reference.load_state_dict(hf_state(ours), strict=False)
+    # The contact head is not part of a training step; the decoder is tied to the embeddings.
+    decoder = reference.lm_head.decoder.weight
+    assert decoder is reference.esm.embeddings.word_embeddings.weight
+    assert not unexpected and all("contact_head" in n or "decoder" in n for n in missing), missing
+    models = {"advpt": ours.to(device).train(), "transformers": reference.to(device).train()}
+    optimizers = {
+        name: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+        for name, model in models.items()
+    }
+    return models, optimizers
+
+
+def steps(models, optimizers, batch, dtype: torch.dtype, device: torch.device):
+    """One training-step function per model, each returning its (detached) loss."""
+    ids, inputs, masked = batch
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    attention_mask = valid.long()
+    labels = torch.where(masked, ids, torch.full_like(ids, -100))
+    num_masked = int(masked.sum())
+
+    def loss_of(name: str) -> torch.Tensor:
+        if name == "advpt":
+            return models[name](inputs, valid, ids, masked, num_masked, has_padding=False).loss
+        return models[name](input_ids=inputs, attention_mask=attention_mask, labels=labels).loss
+
+    def make(name: str) -> Callable[[], torch.Tensor]:
+        def step() -> torch.Tensor:
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                loss = loss_of(name)
+            loss.backward()
+            optimizers[name].step()
+            optimizers[name].zero_grad(set_to_none=True)
+            return loss.detach()
+
+        return step
+
+    return {name: make(name) for name in models}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="esm2_t6_8M", choices=sorted(ENCODER_PRESETS))
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--length", type=int, default=256, help="tokens incl. <cls>/<eos>")
+    parser.add_argument("--masking_rate", type=float, default=0.15)
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--steps", type=int, default=5, help="steps per model per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--clock", choices=("wall", "process"), default="wall",
+        help="process: CPU time of this process (CPU runs on a machine shared with other jobs: "
+        "time spent waiting for a core is not counted)",
+    )  # fmt: skip
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args(argv)
+
+    device = torch.device(args.device)
+    if args.clock == "process" and device.type != "cpu":
+        raise SystemExit("--clock process measures CPU runs only")
+    clock = time.process_time if args.clock == "process" else time.perf_counter
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    models, optimizers = build(args.preset, device)
+    batch = make_batch(args.batch, args.length, args.masking_rate, device)
+    step = steps(models, optimizers, batch, dtype, device)
+
+    first = {name: float(fn()) for name, fn in step.items()}
+    print(
+        f"first-step MLM loss: advpt {first['advpt']:.6f}, transformers {first['transformers']:.6f}"
+    )
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    if abs(first["advpt"] - first["transformers"]) > tolerance * abs(first["transformers"]):
+        raise SystemExit("the two models disagree: the comparison would be void")
+    for fn in step.values():
+        for _ in range(args.warmup):
+            fn()
+    sync(device)
+
+    times: dict[str, list[float]] = {name: [] for name in step}
+    peak: dict[str, float] = {}
+    for _ in range(args.rounds):
+        for name, fn in step.items():
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            start = clock()
+            for _ in range(args.steps):
+                fn()
+            sync(device)
+            times[name].append((clock() - start) / args.steps * 1e3)
+            if device.type == "cuda":
+                peak[name] = torch.cuda.max_memory_allocated(device) / 2**30
+
+    median = {name: statistics.median(t) for name, t in times.items()}
+    tokens = args.batch * args.length
+    result = {
+        "preset": args.preset, "batch": args.batch, "length": args.length,
+        "masking_rate": args.masking_rate, "dtype": args.dtype, "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "clock": args.clock,
+        "ms_per_step": median, "all_ms_per_step": times,
+        "tokens_per_s": {name: tokens / (ms / 1e3) for name, ms in median.items()},
+        "peak_mem_gb": peak or None,
+        "speedup": median["transformers"] / median["advpt"],
+    }  # fmt: skip
+    print(
+        f"{args.preset}, batch {args.batch} x {args.length} tokens, masking {args.masking_rate}, "
+        f"{args.dtype}, {result['device_name']}, {result['threads']} threads, {args.clock} clock"
+    )
+    for name in step:
+        spread = f"{min(times[name]):.1f}-{max(times[name]):.1f}"
+        print(
+            f"  {name:<13} {median[name]:9.1f} ms/step (rounds {spread})  "
+            f"{result['tokens_per_s'][name]:10.0f} tokens/s"
+        )
+    print(f"  speedup of advpt: {result['speedup']:.2f}x")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
