@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -38,11 +39,12 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-REPO = Path(__file__).resolve().parent.parent
+from advpt.config import BUNDLED_PROTEOME
+from advpt.data.cache import locate
+from advpt.data.prepare import prepare
+from advpt.data.prepared import ProteinDataset
 
-from advpt.data.bundled import BUNDLED_PROTEOME  # noqa: E402
-from advpt.data.prepare import prepare  # noqa: E402
-from advpt.data.prepared import ProteinDataset  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 # UniProtKB/Swiss-Prot amino-acid composition (release 2024_01), percent.
 COMPOSITION = {
@@ -167,36 +169,47 @@ def stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def rank_memory(process: subprocess.Popen) -> list[dict[str, float]]:
-    """PSS and USS (MB) of every rank below ``process`` (a rank: a train.py process whose
-    parent is not one), each with its DataLoader workers."""
+def rank_memory(process: subprocess.Popen, cache: Path) -> list[dict[str, float]]:
+    """Memory (MB) of every rank below ``process``, each with its DataLoader workers: PSS, USS,
+    and the PSS of its maps of the prepared dataset (pages of the shared page cache)."""
     ranks = []
     for child in psutil.Process(process.pid).children(recursive=True):
         try:
-            if "train" not in " ".join(child.cmdline()):
-                continue
-            if "train" in " ".join(child.parent().cmdline()) and child.parent().pid != process.pid:
-                continue  # a DataLoader worker; counted with its rank
+            if not _is_rank(child) or _is_rank(child.parent()):
+                continue  # not a rank, or a rank's DataLoader worker (counted with its rank)
             group = [child, *child.children(recursive=True)]
             info = [p.memory_full_info() for p in group]
-            ranks.append(
-                {"pss_mb": sum(i.pss for i in info) / 1e6, "uss_mb": sum(i.uss for i in info) / 1e6}
-            )
+            maps = [m for p in group for m in p.memory_maps() if m.path.startswith(str(cache))]
+            ranks.append({
+                "pss_mb": sum(i.pss for i in info) / 1e6,
+                "uss_mb": sum(i.uss for i in info) / 1e6,
+                "dataset_maps_pss_mb": sum(m.pss for m in maps) / 1e6,
+            })  # fmt: skip
         except psutil.NoSuchProcess:
             continue
     return ranks
+
+
+def _is_rank(process: psutil.Process) -> bool:
+    return any(arg.startswith("--local_rank=") for arg in process.cmdline())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def measure_memory(workdir: Path, data: str, world: int, steps: int) -> list[dict[str, float]]:
     launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent))
     run_dir = workdir / f"mem{world}"
     command = [
-        launcher, "--num_gpus", str(world), "--master_port", str(29500 + world), "advpt/train.py",
+        launcher, "--num_gpus", str(world), "--master_port", str(free_port()), "advpt/train.py",
         *train_args(workdir, data, run_dir, world), "--num_workers", "1",
     ]  # fmt: skip
     _, process = run_until_step(command, run_dir, steps)
     try:
-        return rank_memory(process)
+        return rank_memory(process, workdir / "cache")
     finally:
         stop(process)
 
@@ -257,6 +270,7 @@ def main() -> None:
             results[label] = seconds
             print(f"command to first step, {label.split('_')[0]} start: {seconds:.1f} s")
 
+        locate(BUNDLED_PROTEOME, str(workdir / "cache")).ensure(progress=False)  # prepared ahead
         for world in args.ranks:
             for name, data in (("bundled", BUNDLED_PROTEOME), ("synthetic", str(fasta))):
                 ranks = measure_memory(workdir, data, world, args.steps)

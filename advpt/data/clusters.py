@@ -35,7 +35,7 @@ import numpy as np
 from advpt.data.cache import cache_root
 from advpt.data.keyed import hash_strings
 from advpt.data.prepare import building, source_entry
-from advpt.data.prepared import MANIFEST, Mapped, ProteinDataset
+from advpt.data.prepared import MANIFEST, Mapped, ProteinDataset, map_file
 from advpt.data.readers import PARQUET_SUFFIXES, flat_strings, open_parquet
 from advpt.errors import DataError, shorten
 
@@ -121,12 +121,17 @@ def mapping_pairs(path: Path) -> Iterator[tuple[Strings, Strings]]:
 
 
 def _record_hashes(dataset: ProteinDataset) -> np.ndarray:
-    """uint64 ``[N]``: the hash of every record's name, computed block by block."""
+    """uint64 ``[N]``: the hash of every record's name, computed block by block.
+
+    The names are read with plain reads, in order (the dataset's maps are advised for random
+    access, without readahead).
+    """
     out = np.empty(len(dataset), dtype=np.uint64)
-    offsets = dataset.name_offsets
+    offsets, names = dataset.name_offsets, dataset.directory / "names.u8"
     for first in range(0, len(dataset), RECORDS_PER_HASH_BLOCK):
         last = min(first + RECORDS_PER_HASH_BLOCK, len(dataset))
-        data = np.asarray(dataset.names[offsets[first] : offsets[last]])
+        count, start = int(offsets[last] - offsets[first]), int(offsets[first])
+        data = np.fromfile(names, np.uint8, count=count, offset=start)
         out[first:last] = hash_strings(data, np.diff(offsets[first : last + 1]))
     return out
 
@@ -199,8 +204,8 @@ class ClusterIndex(Mapped):
             file = self.directory / name
             if not file.is_file() or file.stat().st_size != size:
                 raise DataError(f"cluster index {self.directory} is damaged: {name} is wrong")
-        self.members = np.memmap(self.directory / "members.i64", dtype=np.int64, mode="r")
-        self.offsets = np.memmap(self.directory / "cluster_offsets.i64", dtype=np.int64, mode="r")
+        self.members = map_file(self.directory / "members.i64", np.int64)
+        self.offsets = map_file(self.directory / "cluster_offsets.i64", np.int64)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1

@@ -9,20 +9,20 @@ from advpt.data.sampling import Selection
 from advpt.tokenizer import Vocabulary
 
 
-def crop(sequence: np.ndarray, max_length: int, rng: np.random.Generator) -> np.ndarray:
-    """Cut ``sequence`` to the residues that fit ``max_length`` tokens with ``<cls>``/``<sep>``.
+def crop_window(length: int, max_length: int, rng: np.random.Generator) -> tuple[int, int]:
+    """The residues ``start:stop`` of a ``length``-residue protein that fit ``max_length`` tokens.
 
-    A long protein keeps a uniformly random window of ``max_length - 2`` contiguous residues, so
-    every part of it is seen across epochs; a short one is unchanged. Cropping the residues
-    before tokenizing keeps a single enormous sequence cheap: only the window becomes int64 ids.
+    A long protein keeps a uniformly random window of ``max_length - 2`` contiguous residues (room
+    for ``<cls>``/``<sep>``), so every part of it is seen across epochs; a short one is kept
+    whole. Only the window is then read and tokenized, so a single enormous sequence stays cheap.
     """
     if max_length < 3:
         raise ValueError(f"max_length must leave room for one residue, got {max_length}")
     window = max_length - 2
-    if len(sequence) <= window:
-        return sequence
-    start = int(rng.integers(0, len(sequence) - window + 1))
-    return sequence[start : start + window]
+    if length <= window:
+        return 0, length
+    start = int(rng.integers(0, length - window + 1))
+    return start, start + window
 
 
 class CroppedView:
@@ -57,9 +57,13 @@ class CroppedView:
 
     def examples(self, items: np.ndarray, epoch: int) -> list[np.ndarray]:
         """Token ids (int64 ``[len]`` each) of ``items`` with the crop windows of ``epoch``."""
+        records = self.selection.records(np.asarray(items, dtype=np.int64), epoch)
+        residues = self.dataset.token_lengths(records) - 2
         out = []
-        for record in self.selection.records(np.asarray(items, dtype=np.int64), epoch).tolist():
+        for record, length in zip(records.tolist(), residues.tolist(), strict=True):
             rng = np.random.default_rng([self.seed, epoch, record])
-            window = crop(self.dataset.codes(record), self.max_length, rng)
-            out.append(self.dataset.encode(window, record, self.vocab))
+            start, stop = crop_window(length, self.max_length, rng)
+            out.append(
+                self.dataset.encode(self.dataset.codes(record, start, stop), record, self.vocab)
+            )
         return out

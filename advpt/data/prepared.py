@@ -1,4 +1,4 @@
-"""The prepared dataset: every residue in one flat memory-mapped array, opened in milliseconds.
+"""The prepared dataset: every residue in one flat file, indexed by memory maps, opened at once.
 
 A prepared dataset is a directory (written by ``python -m advpt.data.prepare``, see
 ``prepare.py``)::
@@ -11,16 +11,24 @@ A prepared dataset is a directory (written by ``python -m advpt.data.prepare``, 
 
 Residues are stored as vocabulary-independent storage codes (``advpt.tokenizer``: the upper-case
 ASCII letter, ``?`` for a character mapped to ``<unk>``) and turned into token ids when read,
-through the tokenizer's 256-entry table. Opening maps the files read-only: nothing is read until
-it is used, every rank of a node shares one copy in the page cache, and a rank's own memory does
-not grow with the dataset. Opening checks the manifest and every file's size, so a truncated or
-half-copied dataset is one clear error; each record is checked as it is read (its byte range, and
-that every byte is a storage code), so a damaged one is an error naming it, never silent garbage.
+through the tokenizer's 256-entry table.
+
+Opening maps the index files read-only and opens the residue file: nothing is read until it is
+used, and every rank of a node shares one copy of the data in the page cache. A rank reads the
+residues of a record, or just its crop window, with one positional read (``os.pread``) rather
+than through a map: Linux maps file pages in large folios (up to 2 MB each on ext4), so touching a
+300-byte record through a map would add megabytes to the rank's resident set; a read adds nothing
+to it. The offsets are small (8 bytes a record) and read in bulk, so they stay mapped.
+
+Opening checks the manifest and every file's size, so a truncated or half-copied dataset is one
+clear error; each record is checked as it is read (its byte range, its length, and that every
+byte is a storage code), so a damaged one is an error naming it, never silent garbage.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from pathlib import Path
 from typing import Any
@@ -90,17 +98,26 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     return manifest
 
 
-def _map(path: Path, dtype: Any, size: int) -> np.ndarray:
-    """Read-only memory map of a whole file (an empty array for an empty file)."""
-    if size == 0:
-        return np.zeros(0, dtype)
-    return np.memmap(path, dtype=dtype, mode="r")
+def map_file(path: Path, dtype: Any) -> np.ndarray:
+    """A read-only array over the whole file at ``path``, memory-mapped.
+
+    The map is advised for random access: training looks records up in random order, and the
+    kernel's readahead (megabytes per fault on many machines) would otherwise read a window
+    from disk around every one.
+    """
+    with open(path, "rb") as handle:
+        if os.fstat(handle.fileno()).st_size == 0:
+            return np.zeros(0, dtype)
+        memory = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    if hasattr(mmap, "MADV_RANDOM"):  # not on every platform
+        memory.madvise(mmap.MADV_RANDOM)
+    return np.frombuffer(memory, dtype=dtype)
 
 
 class Mapped:
-    """Memory maps of the files in ``self.directory``: a copy pickled into another process (a
-    spawned DataLoader worker) carries only the path and maps the files again, instead of
-    copying their contents, as pickling a ``np.memmap`` would."""
+    """Memory maps (and open files) of ``self.directory``: a copy pickled into another process
+    (a spawned DataLoader worker) carries only the path and opens the files again, instead of
+    copying their contents, as pickling the arrays would."""
 
     directory: Path
 
@@ -116,17 +133,19 @@ class ProteinDataset(Mapped):
     any vocabulary.
 
     ``directory`` is a prepared dataset (see the module docstring); opening it costs a few file
-    system calls whatever its size.
+    system calls whatever its size. The residue file stays open for positional reads, which
+    need no shared file position, so forked DataLoader workers may use it as it is.
     """
 
     def __init__(self, directory: str | os.PathLike):
         self.directory = Path(directory)
         self.manifest = read_manifest(self.directory)
-        sizes = self.manifest["files"]
-        self.residues, self.offsets, self.names, self.name_offsets = (
-            _map(self.directory / name, dtype, sizes[name]) for name, dtype in FILES.items()
-        )
-        if self.offsets[0] != 0 or self.offsets[-1] != len(self.residues):
+        self.num_residues = int(self.manifest["residues"])
+        self._residues = open(self.directory / "residues.u8", "rb", buffering=0)  # noqa: SIM115
+        self.offsets = map_file(self.directory / "offsets.i64", np.int64)
+        self.names = map_file(self.directory / "names.u8", np.uint8)
+        self.name_offsets = map_file(self.directory / "name_offsets.i64", np.int64)
+        if self.offsets[0] != 0 or self.offsets[-1] != self.num_residues:
             raise DataError(f"prepared dataset {self.directory} is damaged: offsets.i64 is wrong")
 
     def __len__(self) -> int:
@@ -146,12 +165,16 @@ class ProteinDataset(Mapped):
             raise self._damaged(int(records[np.argmin(lengths)]), "has no residues")
         return lengths + 2
 
-    def codes(self, record: int) -> np.ndarray:
-        """Record ``record``'s residues as storage codes: a read-only uint8 view ``[len]``."""
-        start, stop = int(self.offsets[record]), int(self.offsets[record + 1])
-        if not 0 <= start < stop <= len(self.residues):
-            raise self._damaged(record, f"has the byte range {start}..{stop}")
-        return self.residues[start:stop]
+    def codes(self, record: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Storage codes (uint8, read-only) of record ``record``'s residues ``start:stop``."""
+        first, end = int(self.offsets[record]), int(self.offsets[record + 1])
+        if not 0 <= first < end <= self.num_residues:
+            raise self._damaged(record, f"has the byte range {first}..{end}")
+        stop = end - first if stop is None else stop
+        data = os.pread(self._residues.fileno(), stop - start, first + start)
+        if len(data) != stop - start:
+            raise self._damaged(record, "lies past the end of residues.u8")
+        return np.frombuffer(data, np.uint8)
 
     def encode(self, codes: np.ndarray, record: int, vocab: Vocabulary) -> np.ndarray:
         """Ids ``[<cls>, ..., <eos>]`` of ``vocab`` for ``codes`` (part of record ``record``)."""
