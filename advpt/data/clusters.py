@@ -35,7 +35,7 @@ import numpy as np
 from advpt.data.cache import cache_root
 from advpt.data.keyed import hash_strings
 from advpt.data.prepare import building, source_entry
-from advpt.data.prepared import MANIFEST, Mapped, ProteinDataset, map_file
+from advpt.data.prepared import MANIFEST, Mapped, MappedArray, ProteinDataset
 from advpt.data.readers import PARQUET_SUFFIXES, flat_strings, open_parquet
 from advpt.errors import DataError, shorten
 
@@ -204,8 +204,8 @@ class ClusterIndex(Mapped):
             file = self.directory / name
             if not file.is_file() or file.stat().st_size != size:
                 raise DataError(f"cluster index {self.directory} is damaged: {name} is wrong")
-        self.members = map_file(self.directory / "members.i64", np.int64)
-        self.offsets = map_file(self.directory / "cluster_offsets.i64", np.int64)
+        self.members = MappedArray(self.directory / "members.i64", np.int64)
+        self.offsets = MappedArray(self.directory / "cluster_offsets.i64", np.int64)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1

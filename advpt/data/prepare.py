@@ -25,6 +25,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -331,21 +332,39 @@ def _join(results: list[PieceResult], tmp: Path) -> None:
 @contextlib.contextmanager
 def building(out: Path) -> Iterator[Path]:
     """A fresh directory beside ``out`` to write into; it replaces ``out`` when the block ends
-    without error, and is deleted otherwise, so nothing half-written is ever left at ``out``."""
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    without error, and is deleted otherwise, so nothing half-written is ever left at ``out``.
+
+    The directory is named after this host and process, so jobs on several nodes of a shared file
+    system never write into one; the leftovers of a killed process of this host are removed.
+    """
+    prefix = f".{out.name}.tmp-{socket.gethostname()}-"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(glob.escape(prefix) + "*"):
+        pid = stale.name[len(prefix) :]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = out.with_name(f"{prefix}{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp.mkdir()
     try:
         yield tmp
+        old = out.with_name(f".{out.name}.old-{socket.gethostname()}-{os.getpid()}")
         if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
             out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 def prepare(

@@ -98,20 +98,35 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     return manifest
 
 
-def map_file(path: Path, dtype: Any) -> np.ndarray:
-    """A read-only array over the whole file at ``path``, memory-mapped.
+class MappedArray:
+    """A read-only array over a whole file, memory-mapped, read by copying out what is asked.
 
-    The map is advised for random access: training looks records up in random order, and the
-    kernel's readahead (megabytes per fault on many machines) would otherwise read a window
-    from disk around every one.
+    Every read (``array[index]``, any numpy index) returns a copy and then drops the touched pages
+    from this process's map; they stay in the page cache, shared by every process. Linux maps
+    page-cache folios of up to 2 MB per fault, so random look-ups would otherwise map the whole
+    file into each rank over time, and a rank's memory would grow with the dataset. The map is
+    also advised for random access, so a look-up does not read megabytes ahead from disk.
     """
-    with open(path, "rb") as handle:
-        if os.fstat(handle.fileno()).st_size == 0:
-            return np.zeros(0, dtype)
-        memory = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-    if hasattr(mmap, "MADV_RANDOM"):  # not on every platform
-        memory.madvise(mmap.MADV_RANDOM)
-    return np.frombuffer(memory, dtype=dtype)
+
+    def __init__(self, path: Path, dtype: Any):
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        if self._map is None:
+            self._array = np.zeros(0, dtype)
+            return
+        if hasattr(mmap, "MADV_RANDOM"):  # madvise is not on every platform
+            self._map.madvise(mmap.MADV_RANDOM)
+        self._array = np.frombuffer(self._map, dtype=dtype)
+
+    def __len__(self) -> int:
+        return len(self._array)
+
+    def __getitem__(self, index: Any) -> Any:
+        out = np.array(self._array[index])
+        if self._map is not None and hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED)
+        return out[()] if out.ndim == 0 else out
 
 
 class Mapped:
@@ -142,9 +157,9 @@ class ProteinDataset(Mapped):
         self.manifest = read_manifest(self.directory)
         self.num_residues = int(self.manifest["residues"])
         self._residues = open(self.directory / "residues.u8", "rb", buffering=0)  # noqa: SIM115
-        self.offsets = map_file(self.directory / "offsets.i64", np.int64)
-        self.names = map_file(self.directory / "names.u8", np.uint8)
-        self.name_offsets = map_file(self.directory / "name_offsets.i64", np.int64)
+        self.offsets = MappedArray(self.directory / "offsets.i64", np.int64)
+        self.names = MappedArray(self.directory / "names.u8", np.uint8)
+        self.name_offsets = MappedArray(self.directory / "name_offsets.i64", np.int64)
         if self.offsets[0] != 0 or self.offsets[-1] != self.num_residues:
             raise DataError(f"prepared dataset {self.directory} is damaged: offsets.i64 is wrong")
 
@@ -160,14 +175,15 @@ class ProteinDataset(Mapped):
     def token_lengths(self, records: np.ndarray) -> np.ndarray:
         """Token counts (residues + ``<cls>``/``<sep>``) of ``records`` (int64 ``[n]`` each)."""
         records = np.asarray(records, dtype=np.int64)
-        lengths = self.offsets[records + 1] - self.offsets[records]
+        bounds = self.offsets[np.stack([records, records + 1])]
+        lengths = bounds[1] - bounds[0]
         if lengths.size and lengths.min() <= 0:
             raise self._damaged(int(records[np.argmin(lengths)]), "has no residues")
         return lengths + 2
 
     def codes(self, record: int, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Storage codes (uint8, read-only) of record ``record``'s residues ``start:stop``."""
-        first, end = int(self.offsets[record]), int(self.offsets[record + 1])
+        first, end = self.offsets[record : record + 2].tolist()
         if not 0 <= first < end <= self.num_residues:
             raise self._damaged(record, f"has the byte range {first}..{end}")
         stop = end - first if stop is None else stop
@@ -189,5 +205,5 @@ class ProteinDataset(Mapped):
 
     def name(self, record: int) -> str:
         """Record ``record``'s name, as its input gave it."""
-        start, stop = self.name_offsets[record], self.name_offsets[record + 1]
+        start, stop = self.name_offsets[record : record + 2].tolist()
         return self.names[start:stop].tobytes().decode("utf-8", "replace")

@@ -81,7 +81,7 @@ class Members:
 
     def records(self, items: np.ndarray, epoch: int) -> np.ndarray:
         at = (np.asarray(items, dtype=np.int64) + self.start) % len(self.clusters.members)
-        return np.asarray(self.clusters.members[at], dtype=np.int64)
+        return self.clusters.members[at]
 
 
 @dataclass(frozen=True)
@@ -102,10 +102,9 @@ class Clusters:
 
     def records(self, items: np.ndarray, epoch: int) -> np.ndarray:
         c = (np.asarray(items, dtype=np.int64) + self.start) % len(self.clusters)
-        first = np.asarray(self.clusters.offsets[c])
-        size = np.asarray(self.clusters.offsets[c + 1]) - first
-        pick = hash_ints(c, self.seed, epoch, MEMBER) % size.astype(np.uint64)
-        return np.asarray(self.clusters.members[first + pick.astype(np.int64)], dtype=np.int64)
+        first, stop = self.clusters.offsets[np.stack([c, c + 1])]
+        pick = hash_ints(c, self.seed, epoch, MEMBER) % (stop - first).astype(np.uint64)
+        return self.clusters.members[first + pick.astype(np.int64)]
 
 
 @dataclass(frozen=True)
