@@ -28,7 +28,7 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -261,14 +261,17 @@ def _worker_piece(piece: Piece, tmp: Path, unknown_to_unk: bool, skip: bool) -> 
 
 def _run_pieces(
     pieces: list[Piece], tmp: Path, unknown_to_unk: bool, skip: bool, workers: int, bar: tqdm
-) -> list[PieceResult]:
-    """Prepare every piece, in worker processes when there are several; results in order.
+) -> Iterator[PieceResult]:
+    """Prepare every piece, in worker processes when ``workers > 1``; yields results in order,
+    each as soon as it and the ones before it are done (so joining overlaps the work).
 
     The first error in input order is raised (later pieces are cancelled). Workers start from a
     fork server, so they neither copy a training process's threads nor import it again each.
     """
     if workers <= 1:
-        return [prepare_piece(p, tmp, unknown_to_unk, skip, bar.update) for p in pieces]
+        for piece in pieces:
+            yield prepare_piece(piece, tmp, unknown_to_unk, skip, bar.update)
+        return
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     counter = context.Value("q", 0)
@@ -276,20 +279,19 @@ def _run_pieces(
         min(workers, len(pieces)), context, initializer=_start_worker, initargs=(counter,)
     ) as pool:
         futures = [pool.submit(_worker_piece, p, tmp, unknown_to_unk, skip) for p in pieces]
-        results = []
         try:
             for future in futures:
                 while True:
                     try:
-                        results.append(future.result(timeout=0.5))
+                        result = future.result(timeout=0.5)
                         break
                     except FutureTimeout:
                         bar.update(counter.value - bar.n)
-        except BaseException:
+                bar.update(counter.value - bar.n)
+                yield result
+        except BaseException:  # an error here, or the consumer stopped early
             pool.shutdown(cancel_futures=True)
             raise
-        bar.update(counter.value - bar.n)
-    return results
 
 
 # ----------------------------------------------------------------------------- joining
@@ -310,8 +312,9 @@ def _append(target: Path, source: Path) -> None:
     source.unlink()
 
 
-def _join(results: list[PieceResult], tmp: Path) -> None:
-    """Join the pieces' files, in order, into the dataset's files."""
+def _join(results: Iterable[PieceResult], tmp: Path) -> list[PieceResult]:
+    """Join the pieces' files, in order, into the dataset's files, as the results come."""
+    done = []
     with open(tmp / "offsets.i64", "wb") as offsets, open(tmp / "name_offsets.i64", "wb") as names:
         ends = {offsets: 0, names: 0}
         for handle in (offsets, names):
@@ -325,8 +328,10 @@ def _join(results: list[PieceResult], tmp: Path) -> None:
                 file.unlink()
             _append(tmp / "residues.u8", _piece_file(tmp, result.number, "residues"))
             _append(tmp / "names.u8", _piece_file(tmp, result.number, "names"))
+            done.append(result)
     for name in ("residues.u8", "names.u8"):
         (tmp / name).touch()  # exists even when every record was skipped
+    return done
 
 
 @contextlib.contextmanager
@@ -397,12 +402,12 @@ def prepare(
             total=total, unit="B", unit_scale=True, desc="preparing", disable=not progress,
             mininterval=1.0, file=sys.stderr,
         ) as bar:  # fmt: skip
-            results = _run_pieces(pieces, tmp, unknown_to_unk, skip_bad_records, workers, bar)
+            pieces_done = _run_pieces(pieces, tmp, unknown_to_unk, skip_bad_records, workers, bar)
+            results = _join(pieces_done, tmp)
         _log_skipped(results)
         records = sum(r.records for r in results)
         if records == 0:
             raise DataError(f"dataset {', '.join(inputs)} holds no usable records")
-        _join(results, tmp)
         manifest = {
             "format": FORMAT,
             "version": VERSION,
