@@ -14,10 +14,11 @@ into ``--workdir``, then measures, on this machine:
 * ``first step``: wall time from starting ``python -m advpt.train --data FASTA`` (tiny models,
   random MLM) to its first logged optimizer step, at the first start (which prepares the cache)
   and the second (which reuses it);
-* ``memory``: the proportional set size (PSS: shared pages divided among the processes that map
-  them) of each rank, DataLoader worker included, a few steps into a run under the deepspeed
-  launcher with 1 and 2 ranks, on this dataset and on the bundled proteome (2,100 records): the
-  difference is what the dataset's size adds to a rank.
+* ``runs``: under the deepspeed launcher with 1 and 2 ranks (``--ranks``), on this dataset
+  (prepared already) and on the bundled proteome (2,100 records): the time from the command to
+  the first logged step, and ``--steps`` steps in, the proportional set size (PSS: shared pages
+  divided among the processes that map them) of each rank, DataLoader worker included. The
+  difference between the two datasets is what the dataset's size adds to a rank.
 
 Needs psutil (in advpt's [dev] extra). CPU only (``DS_ACCELERATOR=cpu`` is set for the runs).
 """
@@ -200,16 +201,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure_memory(workdir: Path, data: str, world: int, steps: int) -> list[dict[str, float]]:
+def measure_run(workdir: Path, data: str, world: int, steps: int) -> dict:
+    """A run under the deepspeed launcher with ``world`` ranks: seconds from the command to its
+    first logged step, and every rank's memory ``steps`` steps in."""
     launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent))
     run_dir = workdir / f"mem{world}"
     command = [
         launcher, "--num_gpus", str(world), "--master_port", str(free_port()), "advpt/train.py",
         *train_args(workdir, data, run_dir, world), "--num_workers", "1",
     ]  # fmt: skip
-    _, process = run_until_step(command, run_dir, steps)
+    first_step, process = run_until_step(command, run_dir, steps)
     try:
-        return rank_memory(process, workdir / "cache")
+        return {"first_step_s": first_step, "ranks": rank_memory(process, workdir / "cache")}
     finally:
         stop(process)
 
@@ -273,14 +276,17 @@ def main() -> None:
         locate(BUNDLED_PROTEOME, str(workdir / "cache")).ensure(progress=False)  # prepared ahead
         for world in args.ranks:
             for name, data in (("bundled", BUNDLED_PROTEOME), ("synthetic", str(fasta))):
-                ranks = measure_memory(workdir, data, world, args.steps)
-                results[f"memory_{world}_ranks_{name}"] = ranks
+                run = measure_run(workdir, data, world, args.steps)
+                results[f"run_{world}_ranks_{name}"] = run
                 shown = ", ".join(
-                    f"PSS {r['pss_mb']:.0f} MB (USS {r['uss_mb']:.0f})" for r in ranks
+                    f"PSS {r['pss_mb']:.0f} MB (USS {r['uss_mb']:.0f}, dataset maps "
+                    f"{r['dataset_maps_pss_mb']:.1f})"
+                    for r in run["ranks"]
                 )
-                print(f"{world} rank(s), {name}: {shown}")
-            big = results[f"memory_{world}_ranks_synthetic"]
-            small = results[f"memory_{world}_ranks_bundled"]
+                print(f"{world} rank(s), {name}: first step after {run['first_step_s']:.1f} s; "
+                      f"{shown}")  # fmt: skip
+            big = results[f"run_{world}_ranks_synthetic"]["ranks"]
+            small = results[f"run_{world}_ranks_bundled"]["ranks"]
             growth = max(b["pss_mb"] - s["pss_mb"] for b, s in zip(big, small, strict=True))
             results[f"memory_growth_{world}_ranks_mb"] = growth
             print(f"{world} rank(s): the {mb:.0f} MB dataset adds at most {growth:.0f} MB per rank")
