@@ -245,7 +245,9 @@ def main() -> None:
             prepare([str(fasta)], out, workers=workers, progress=False)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             results[label] = {"seconds": wall, "mb_per_s": mb / wall}
-            print(f"{label}: {wall:.1f} s, {mb / wall:.0f} MB/s (this process's CPU: {cpu:.1f} s)")
+            results["prepared_mb"] = sum(f.stat().st_size for f in out.iterdir()) / 1e6
+            print(f"{label}: {wall:.1f} s, {mb / wall:.0f} MB/s (this process's CPU: {cpu:.1f} s); "
+                  f"{results['prepared_mb']:.0f} MB prepared")  # fmt: skip
 
         from advpt.config import parse_config
         from advpt.training.build import build_data
