@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from advpt.data.readers import read_error
 from advpt.errors import DataError
 from advpt.tokenizer import IUPAC_LETTERS, UNKNOWN_CODE, TokenizationError, Vocabulary
 
@@ -187,7 +188,10 @@ class ProteinDataset(Mapped):
         if not 0 <= first < end <= self.num_residues:
             raise self._damaged(record, f"has the byte range {first}..{end}")
         stop = end - first if stop is None else stop
-        data = os.pread(self._residues.fileno(), stop - start, first + start)
+        try:
+            data = os.pread(self._residues.fileno(), stop - start, first + start)
+        except OSError as err:  # the disk, not the data
+            raise read_error(self.directory / "residues.u8", err) from err
         if len(data) != stop - start:
             raise self._damaged(record, "lies past the end of residues.u8")
         return np.frombuffer(data, np.uint8)
