@@ -18,7 +18,8 @@ used, and every rank of a node shares one copy of the data in the page cache. A 
 residues of a record, or just its crop window, with one positional read (``os.pread``) rather
 than through a map: Linux maps file pages in large folios (up to 2 MB each on ext4), so touching a
 300-byte record through a map would add megabytes to the rank's resident set; a read adds nothing
-to it. The offsets are small (8 bytes a record) and read in bulk, so they stay mapped.
+to it. The index files (8 bytes a record) are looked up in bulk, through maps that let go of the
+pages they touched after each look-up (:class:`MappedArray`).
 
 Opening checks the manifest and every file's size, so a truncated or half-copied dataset is one
 clear error; each record is checked as it is read (its byte range, its length, and that every
@@ -47,13 +48,7 @@ ENCODING = {
     "alphabet": IUPAC_LETTERS,
     "unknown_code": UNKNOWN_CODE,
 }
-# file name -> numpy dtype
-FILES = {
-    "residues.u8": np.uint8,
-    "offsets.i64": np.int64,
-    "names.u8": np.uint8,
-    "name_offsets.i64": np.int64,
-}
+FILES = ("residues.u8", "offsets.i64", "names.u8", "name_offsets.i64")  # see above
 
 
 def is_prepared(path: Path) -> bool:
