@@ -24,7 +24,7 @@ from advpt.data.prepared import FILES, ProteinDataset
 from advpt.data.sampling import AllRecords
 from advpt.data.stream import MicroBatches
 from advpt.errors import DataError
-from advpt.tokenizer import TAPE
+from advpt.tokenizer import ESM, TAPE
 from advpt.training.build import build_data
 from tests.test_data import tape_records, write_tape_lmdb
 
@@ -136,10 +136,10 @@ def test_a_failed_prepare_leaves_nothing_and_a_foreign_folder_is_refused(tmp_pat
     assert not leftover.exists() and (tmp_path / "out" / "manifest.json").is_file()
 
 
-def _stream(config_args: list[str]) -> MicroBatches:
+def _stream(config_args: list[str], micro_batch: int = 4) -> MicroBatches:
     """The training stream ``advpt.train`` would build for these flags (one rank)."""
     config = parse_config(["--max_length", "64", *config_args])
-    return build_data(config, micro_batch=4, rank=0, world=1)[0]
+    return build_data(config, micro_batch=micro_batch, rank=0, world=1)[0]
 
 
 def test_raw_fasta_and_its_prepared_form_give_identical_batches(tmp_path):
@@ -152,6 +152,22 @@ def test_raw_fasta_and_its_prepared_form_give_identical_batches(tmp_path):
     for number in (0, 7, from_raw.per_epoch + 3):
         a, b = from_raw[number], from_prepared[number]
         assert torch.equal(a.ids, b.ids) and torch.equal(a.inputs, b.inputs)
+
+
+def test_one_prepared_dataset_serves_every_vocabulary(tmp_path):
+    sequences = ["MKTAYIAKQR", "acdefghik", "MK1V*", "BZXUO"]
+    raw = tmp_path / "raw.fasta"
+    raw.write_text("".join(f">s{i}\n{s}\n" for i, s in enumerate(sequences)))
+    dataset = open_data(str(raw), str(tmp_path / "cache"), unknown_to_unk=True)
+    for vocab in (TAPE, ESM):
+        for i, sequence in enumerate(sequences):
+            expected = vocab.encode(sequence, unknown_to_unk=True)
+            np.testing.assert_array_equal(dataset.ids(i, vocab), expected)
+    # The encoder preset picks the vocabulary of the batches.
+    batch = _stream(["--data", str(raw), "--data_cache", str(tmp_path / "cache"),
+                     "--unknown_to_unk", "--encoder", "esm2_tiny", "--val_fraction", "0"],
+                    micro_batch=2)[0]  # fmt: skip
+    assert (batch.ids[:, 0] == ESM.cls_id).all() and ESM.is_residue(batch.ids).any()
 
 
 def test_the_cache_is_reused_while_the_source_is_unchanged_and_rebuilt_when_it_changes(
