@@ -48,6 +48,7 @@ NoiserPreset = Literal["paper", "small", "tiny"]
 Task = Literal["secondary_structure", "remote_homology", "fluorescence", "stability"]
 SecondaryStructureLabels = Literal["ss3", "ss8"]
 Pooling = Literal["mean", "cls"]
+SampleBy = Literal["record", "cluster"]
 
 VARIANTS: dict[str, list[str]] = {
     "random": ["--mode", "random"],
@@ -69,11 +70,26 @@ class DataConfig:
     """Where sequences come from and how they are cut into micro-batches."""
 
     data: str = BUNDLED_PROTEOME
-    """FASTA (plain or .gz), TAPE LMDB or TAPE JSON file; the default is the bundled proteome."""
+    """A prepared dataset (python -m advpt.data.prepare), or raw inputs prepared once into
+    data_cache: FASTA (plain or .gz), TAPE LMDB or JSON, Parquet with a sequence column, a folder
+    or a glob of them; the default is the bundled proteome."""
+    data_cache: str = ""
+    """Where raw data is prepared and reused while unchanged; empty is $ADVPT_DATA_CACHE, else
+    ~/.cache/advpt/data."""
+    clusters: str = ""
+    """TSV or Parquet file mapping member_id to cluster_id (e.g. UniRef90 to UniRef50); the
+    held-out split is then by cluster, so no cluster is on both sides."""
+    sample_by: SampleBy = "record"
+    """record visits every record each epoch; cluster visits every cluster once per epoch with
+    one member drawn from (seed, epoch, cluster), as ESM-2 does (needs clusters)."""
     max_length: int = 512
     """Tokens per sequence including <cls> and <sep>; longer sequences are randomly cropped."""
     val_fraction: float = 0.05
-    """Share of the records held out for validation."""
+    """Share of the records (or clusters) held out for validation."""
+    val_max_batches: int = 50
+    """Validation micro-batches per pass, from a fixed seeded random sample of the held-out
+    split: the same sequences at every evaluation and in every run with the same seed and data,
+    whatever the number of ranks; 0 scores all of it."""
     unknown_to_unk: bool = False
     """Map characters outside the alphabet to <unk> instead of stopping with an error."""
     skip_bad_records: bool = False
@@ -185,8 +201,6 @@ class RunConfig:
     """Optimizer steps between logged metrics."""
     eval_every: int = 1000
     """Encoder steps between validation passes (and one at the end); 0 is at the end only."""
-    eval_batches: int = 50
-    """Validation micro-batches per pass; 0 scores the whole held-out split."""
     checkpoint_every: int = 1000
     """Encoder steps between checkpoints (and one at the end)."""
     keep_checkpoints: int = 3
@@ -235,6 +249,8 @@ class TrainConfig:
             (s.noiser_warmup_steps >= -1, "noiser_warmup_steps must be >= -1"),
             (d.max_length >= 3, "max_length must be at least 3 tokens"),
             (0.0 <= d.val_fraction < 1.0, "val_fraction must be in [0, 1)"),
+            (d.val_max_batches >= 0, "val_max_batches must be >= 0"),
+            (d.sample_by == "record" or bool(d.clusters), "sample_by cluster needs --clusters"),
             (s.max_steps > 0, "max_steps must be positive"),
             (s.noiser_steps > 0, "noiser_steps must be positive"),
             (s.encoder_steps > 0, "encoder_steps must be positive"),
@@ -244,7 +260,6 @@ class TrainConfig:
             (r.keep_checkpoints >= 1,
              "keep_checkpoints must be at least 1 (the newest checkpoint is always kept)"),
             (r.eval_every >= 0, "eval_every must be >= 0"),
-            (r.eval_batches >= 0, "eval_batches must be >= 0"),
             (r.stop_after_steps >= 0, "stop_after_steps must be >= 0"),
             (r.max_skipped_in_a_row >= 1, "max_skipped_in_a_row must be at least 1"),
             (d.bucket_batches >= 1, "bucket_batches must be at least 1"),

@@ -12,8 +12,11 @@ handles token ids (data, masking, noisers, fine-tuning, export) takes it from th
 
 A sequence is encoded as ``<cls>`` + residues + the end token (TAPE's ``<sep>``, ESM's ``<eos>``).
 Both vocabularies accept the same characters: the 25 IUPAC letters, either case, and one trailing
-stop codon ``*``. So a data set that is valid for one is valid for the other, and a prepared data
-set can store the letters once and map them through :attr:`Vocabulary.byte_to_id`.
+stop codon ``*``. So a data set that is valid for one is valid for the other. A prepared data set
+(``advpt.data.prepared``) stores each residue once as a vocabulary-independent *storage code*, its
+upper-case letter, or ``UNKNOWN_CODE`` for a character that ``unknown_to_unk`` maps to ``<unk>``
+(:func:`residue_codes`), and every vocabulary reads the codes through its own 256-entry table
+(:attr:`Vocabulary.code_to_id`, :meth:`Vocabulary.encode_codes`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ if TYPE_CHECKING:
 # The 25 IUPAC letters both vocabularies tokenize (A..Z without J), in TAPE's order.
 IUPAC_LETTERS = "ABCDEFGHIKLMNOPQRSTUVWXYZ"
 INVALID_ID = 255  # byte_to_id's entry for a byte outside the alphabet
+UNKNOWN_CODE = ord("?")  # the storage code of a character stored as <unk>
 
 
 class TokenizationError(ValueError):
@@ -51,6 +55,8 @@ class Vocabulary:
         pad_id, mask_id, cls_id, eos_id, unk_id: the special tokens (``eos`` is TAPE's ``<sep>``).
         byte_to_id: uint8 ``[256]``, read-only: the id of each residue letter's byte (upper and
             lower case), ``INVALID_ID`` for every other byte.
+        code_to_id: uint8 ``[256]``, read-only: the id of each storage code (the upper-case
+            letters, and ``UNKNOWN_CODE`` for ``<unk>``), ``INVALID_ID`` for every other byte.
     """
 
     def __init__(self, name: str, tokens: tuple[str, ...], residues: str, specials: dict[str, str]):
@@ -71,6 +77,12 @@ class Vocabulary:
             lookup[ord(letter)] = lookup[ord(letter.lower())] = i
         lookup.flags.writeable = False
         self.byte_to_id = lookup
+        codes = np.full(256, INVALID_ID, dtype=np.uint8)
+        for i, letter in enumerate(residues, start=self.first_residue_id):
+            codes[ord(letter)] = i
+        codes[UNKNOWN_CODE] = self.unk_id
+        codes.flags.writeable = False
+        self.code_to_id = codes
 
     def __repr__(self) -> str:
         return f"Vocabulary({self.name!r}, {self.size} tokens)"
@@ -98,23 +110,9 @@ class Vocabulary:
         if bad.size:
             if not unknown_to_unk:
                 pos = int(bad[0])
-                raise TokenizationError(
-                    f"record {shorten(record)} has invalid residue {sequence[pos]!r} at position "
-                    f"{pos + 1} (use unknown_to_unk / --unknown_to_unk to map such characters "
-                    "to <unk>)"
-                )
+                raise TokenizationError(invalid_residue_message(record, sequence[pos], pos + 1))
             ids[bad] = self.unk_id
         return ids
-
-    def count_residues(
-        self, sequence: str, record: str = "<sequence>", unknown_to_unk: bool = False
-    ) -> int:
-        """Validate ``sequence`` as :meth:`encode` would and return its residue count.
-
-        Costs about one byte per residue, so a single enormous sequence can be checked without
-        the eight bytes per residue of its int64 ids.
-        """
-        return int(self._lookup(sequence, record, unknown_to_unk).size)
 
     def encode(
         self, sequence: str, record: str = "<sequence>", unknown_to_unk: bool = False
@@ -129,6 +127,22 @@ class Vocabulary:
         out = np.empty(ids.size + 2, dtype=np.int64)
         out[0], out[-1] = self.cls_id, self.eos_id
         out[1:-1] = ids
+        return out
+
+    def encode_codes(self, codes: np.ndarray, record: str = "<sequence>") -> np.ndarray:
+        """Ids ``[<cls>, residues..., <eos>]`` (int64 ``[n + 2]``) of storage codes (uint8 ``[n]``).
+
+        Raises ``TokenizationError`` for a byte that is no storage code (damaged data).
+        """
+        out = np.empty(len(codes) + 2, dtype=np.int64)
+        out[0], out[-1] = self.cls_id, self.eos_id
+        out[1:-1] = self.code_to_id[codes]
+        if out.max() == INVALID_ID:
+            pos = int(np.flatnonzero(out == INVALID_ID)[0])
+            raise TokenizationError(
+                f"record {shorten(record)} holds byte {int(codes[pos - 1])} at position {pos}, "
+                "which is no residue code"
+            )
         return out
 
     def decode(self, ids) -> str:
@@ -166,10 +180,26 @@ ESM = Vocabulary(
 VOCABULARIES = {vocab.name: vocab for vocab in (TAPE, ESM)}
 
 
-def count_residues(sequence: str, record: str = "<sequence>", unknown_to_unk: bool = False) -> int:
-    """Validate ``sequence`` as every vocabulary's ``encode`` would and return its residue count.
+def invalid_residue_message(record: str, character: str, position: int) -> str:
+    """The one sentence for a character outside the alphabet at 1-based ``position``."""
+    return (
+        f"record {shorten(record)} has invalid residue {character!r} at position {position} (use "
+        "unknown_to_unk / --unknown_to_unk to map such characters to <unk>)"
+    )
 
-    The same for all vocabularies (they accept the same bytes), so data can be checked before
-    an encoder is chosen.
+
+def residue_codes(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Storage codes of sequence bytes ``raw`` (uint8 ``[n]``), and where ``raw`` holds no residue.
+
+    Returns the codes (uint8 ``[n]``; meaningless at the bad positions) and the positions of
+    bytes that are not a residue letter of either case (int64 ``[k]``). The same for every
+    vocabulary (they accept the same letters). Vectorised bit arithmetic, no table: clearing bit
+    5 upper-cases exactly the letters and moves every other byte outside ``A..Z``, so this runs
+    at memory speed over whole files.
     """
-    return TAPE.count_residues(sequence, record, unknown_to_unk)
+    codes = raw & np.uint8(0xDF)
+    bad = (codes - np.uint8(ord("A")) >= 26) | (codes == ord(_NOT_A_RESIDUE))
+    return codes, np.flatnonzero(bad)
+
+
+_NOT_A_RESIDUE = "J"  # the one letter of A..Z outside IUPAC_LETTERS

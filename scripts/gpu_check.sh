@@ -236,7 +236,7 @@ if [ "$CPU" = 1 ]; then # tiny sizes, CPU configs (fp16 does not run on a CPU: b
     FP16_CONFIG=ds_configs/encoder_cpu_bf16.json
     NOISER_CONFIG=ds_configs/noiser_cpu.json
     QUICKSTART=(--encoder tiny --noiser tiny --max_length 64 --max_steps 4 --warmup_steps 1
-        --noiser_steps 2 --encoder_steps 2 --log_every 2 --eval_every 4 --eval_batches 2
+        --noiser_steps 2 --encoder_steps 2 --log_every 2 --eval_every 4 --val_max_batches 2
         --checkpoint_every 4 --num_workers 1)
     QUICKSTART_LIMIT=120
     SAMPLER=(--quick --device cpu --repeats 1)
@@ -247,7 +247,7 @@ else # the paper's sizes and the GPU configs
     FP16_CONFIG=ds_configs/encoder_fp16.json
     NOISER_CONFIG=ds_configs/noiser.json
     QUICKSTART=(--encoder tape-base --noiser paper --max_length 512 --max_steps 20
-        --warmup_steps 5 --log_every 5 --eval_every 20 --eval_batches 8 --checkpoint_every 20
+        --warmup_steps 5 --log_every 5 --eval_every 20 --val_max_batches 8 --checkpoint_every 20
         --num_workers 2)
     QUICKSTART_LIMIT=150
     SAMPLER=()

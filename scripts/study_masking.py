@@ -30,15 +30,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
 
 from advpt.config import VARIANTS, TrainConfig, parse_config  # noqa: E402
 from advpt.data.collate import MaskingCollator  # noqa: E402
-from advpt.data.dataset import CroppedView, ProteinDataset, train_val_split  # noqa: E402
+from advpt.data.dataset import CroppedView  # noqa: E402
+from advpt.data.sampling import split  # noqa: E402
 from advpt.models import ENCODER_PRESETS  # noqa: E402
-from advpt.training.build import build_trainer, init_distributed  # noqa: E402
+from advpt.training.build import build_trainer, init_distributed, open_data  # noqa: E402
 from advpt.training.trainer import Trainer  # noqa: E402
 
 STANDARD_RESIDUES = "ACDEFGHIKLMNPQRSTVWY"
@@ -92,7 +94,7 @@ def run_config(variant: str, size: Size, runs: Path, seed: int) -> TrainConfig:
         "--max_steps", str(n), "--warmup_steps", str(max(1, n // 10)),
         "--noiser_steps", str(size.cycle), "--encoder_steps", str(size.cycle),
         "--batch_growth_at", "1.0", "--eval_every", str(max(1, n // size.evaluations)),
-        "--eval_batches", "0", "--log_every", str(max(1, size.cycle)),
+        "--val_max_batches", "0", "--log_every", str(max(1, size.cycle)),
         "--checkpoint_every", str(n), "--num_workers", "0", "--seed", str(seed),
         "--run_dir", str(run_dir),
     ])  # fmt: skip
@@ -100,11 +102,11 @@ def run_config(variant: str, size: Size, runs: Path, seed: int) -> TrainConfig:
 
 def held_out_view(config: TrainConfig) -> CroppedView:
     """The held-out records of ``config``'s split (as ``advpt.train`` makes it)."""
-    d = config.data
+    d, seed = config.data, config.run.seed
     vocab = ENCODER_PRESETS[config.model.encoder].vocabulary
-    dataset = ProteinDataset.from_path(d.data, vocab, d.unknown_to_unk, d.skip_bad_records)
-    _, val_idx = train_val_split(len(dataset), d.val_fraction, config.run.seed)
-    return CroppedView(dataset, val_idx, d.max_length, config.run.seed)
+    dataset, clusters = open_data(d)
+    _, held_out = split(len(dataset), clusters, d.val_fraction, seed, d.sample_by)
+    return CroppedView(dataset, held_out, d.max_length, seed, vocab)
 
 
 @torch.no_grad()
@@ -112,14 +114,14 @@ def score(trainer: Trainer, view: CroppedView, draws: int, micro_batch: int) -> 
     """Masked-token loss and accuracy of the encoder per draw (crop window + random masks)."""
     model = trainer.encoder.module
     model.eval()
-    order = sorted(range(len(view)), key=lambda j: int(view.token_lengths[j]))
+    order = np.argsort(view.token_lengths(np.arange(len(view)), 0), kind="stable")
     rate = sum(trainer.config.masking_rates())
     results = []
     for draw in range(draws):
         collate = MaskingCollator(rate, 0.0, 10_000 + draw, trainer.vocab)
         loss = correct = count = 0.0
         for number, start in enumerate(range(0, len(order), micro_batch)):
-            examples = [view.get(j, draw) for j in order[start : start + micro_batch]]
+            examples = view.examples(order[start : start + micro_batch], draw)
             batch = collate(examples, number).to(trainer.device)
             out = model(
                 batch.inputs, batch.valid, batch.ids, batch.random_masked, batch.num_masked,

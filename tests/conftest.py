@@ -1,8 +1,16 @@
 """Shared test set-up: DeepSpeed on the CPU with gloo, one process group per test session."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# Raw --data inputs (the bundled proteome included) are prepared into a cache: one per test
+# session, shared with the runs it starts, instead of the user's ~/.cache.
+_CACHE = tempfile.mkdtemp(prefix="advpt-test-data-")
+os.environ["ADVPT_DATA_CACHE"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, True)
 
 import pytest  # noqa: E402
 

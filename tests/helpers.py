@@ -40,7 +40,7 @@ def tiny_run_args(tmp_path: Path, run_dir: Path, world: int = 1, **configs) -> l
     return [
         "--deepspeed_config", encoder, "--noiser_deepspeed_config", noiser,
         "--encoder", "tiny", "--noiser", "tiny", "--max_length", "48",
-        "--warmup_steps", "2", "--run_dir", str(run_dir), "--eval_batches", "4",
+        "--warmup_steps", "2", "--run_dir", str(run_dir), "--val_max_batches", "4",
     ]  # fmt: skip
 
 
@@ -87,6 +87,16 @@ def pretrain_tiny(tmp_path: Path, run_dir: Path, **ds_extra):
     trainer = build_tiny_trainer(tmp_path, *schedule, run_dir=run_dir, **ds_extra)
     trainer.train()
     return trainer
+
+
+def bundled_clusters(path: Path, size: int = 3) -> Path:
+    """A TSV putting the bundled proteome's records in clusters of ``size`` neighbours."""
+    from advpt.data.bundled import BUNDLED_PROTEOME
+    from advpt.data.cache import open_data
+
+    dataset = open_data(BUNDLED_PROTEOME)
+    path.write_text("".join(f"{dataset.name(i)}\tc{i // size}\n" for i in range(len(dataset))))
+    return path
 
 
 def free_port() -> int:

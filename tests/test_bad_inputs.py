@@ -7,17 +7,26 @@ import json
 import pickle
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from advpt.data import CroppedView, LengthBucketedBatches, ProteinDataset, iter_fasta
+from advpt.data.batching import LengthBucketedBatches
+from advpt.data.cache import open_data
 from advpt.data.collate import MaskingCollator
+from advpt.data.dataset import CroppedView
+from advpt.data.prepare import prepare
+from advpt.data.prepared import ProteinDataset
+from advpt.data.sampling import AllRecords
 from advpt.data.stream import MicroBatches, stream_loader
 from advpt.errors import DataError
 from advpt.tokenizer import TAPE
 from tests.helpers import tiny_run_args, write_ds_config
 
 PROTEINS = ">p1 first\nMKTAYIAKQR\n>p2\nGGHH\n"
+
+
+def load(path: Path) -> ProteinDataset:
+    """``path`` prepared into a cache beside it and opened, as ``--data path`` would."""
+    return open_data(str(path), str(path.parent / "cache"))
 
 
 def _gzip_truncated(path: Path) -> Path:
@@ -71,7 +80,7 @@ def test_unreadable_fasta_is_one_sentence_naming_it(tmp_path, case):
     name, make, expected = UNREADABLE[case]
     path = make(tmp_path / name)
     with pytest.raises(DataError) as caught:
-        ProteinDataset.from_path(path, TAPE)
+        load(path)
     message = str(caught.value)
     assert expected in message and str(path) in message and "\n" not in message
 
@@ -84,20 +93,21 @@ def test_byte_order_mark_and_old_mac_line_endings_are_read(tmp_path, suffix):
     for i, data in enumerate([bom, mac, mixed]):
         path = tmp_path / f"{i}{suffix}"
         path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
-        assert {r.name: r.sequence for r in iter_fasta(path)} == {
-            "p1": "MKTAYIAKQR", "p2": "GGHH",
-        }, data  # fmt: skip
-        dataset = ProteinDataset.from_path(path, TAPE)  # plain files: read back by seeking
-        assert [dataset.residues(i) for i in range(len(dataset))] == ["MKTAYIAKQR", "GGHH"]
+        dataset = load(path)
+        read = {dataset.name(i): TAPE.decode(dataset.ids(i, TAPE)) for i in range(len(dataset))}
+        assert read == {"p1": "MKTAYIAKQR", "p2": "GGHH"}, data
 
 
-def test_data_file_vanishing_during_the_run_is_one_sentence(tmp_path):
+def test_a_run_reads_its_prepared_copy_when_the_files_vanish_under_it(tmp_path):
     path = tmp_path / "x.fasta"
     path.write_text(PROTEINS)
-    dataset = ProteinDataset.from_path(path, TAPE)
-    path.unlink()
-    with pytest.raises(DataError, match=f"cannot read {path}: No such file or directory"):
-        dataset[0]
+    dataset = load(path)
+    path.unlink()  # the source: the run reads the prepared copy
+    for file in dataset.directory.iterdir():  # even the copy: the run holds its files open
+        file.unlink()
+    assert TAPE.decode(dataset.ids(1, TAPE)) == "GGHH" and dataset.name(0) == "p1"
+    with pytest.raises(DataError, match=f"dataset path {path} does not exist"):
+        load(path)  # the next start
 
 
 def test_long_values_in_messages_are_shortened(tmp_path):
@@ -105,7 +115,7 @@ def test_long_values_in_messages_are_shortened(tmp_path):
     path = tmp_path / "long.fasta"
     path.write_text(f">{name}\nMK1\n")
     with pytest.raises(DataError) as caught:
-        ProteinDataset.from_path(path, TAPE)
+        load(path)
     message = str(caught.value)
     assert len(message) < 300 and "record 'NNNN" in message and "NNN' has invalid" in message
 
@@ -139,14 +149,19 @@ def test_deepspeed_batch_settings_must_be_positive_integers(tmp_path, key, value
 def test_data_error_in_a_loader_worker_is_raised_as_its_one_sentence(tmp_path):
     path = tmp_path / "x.fasta"
     path.write_text(PROTEINS * 20)
-    dataset = ProteinDataset.from_path(path, TAPE)
-    view = CroppedView(dataset, np.arange(len(dataset)), max_length=16, seed=0)
-    batches = LengthBucketedBatches(view.token_lengths, 4, 0, 1, seed=0)
+    prepare([str(path)], tmp_path / "prepared", progress=False)
+    with open(tmp_path / "prepared" / "residues.u8", "r+b") as residues:  # damage record 0
+        residues.write(b"\x00")
+    dataset = ProteinDataset(tmp_path / "prepared")
+    view = CroppedView(dataset, AllRecords(len(dataset)), max_length=16, seed=0, vocab=TAPE)
+    batches = LengthBucketedBatches(view, 40, shuffle=False, drop_last=False)
     stream = MicroBatches(view, batches, MaskingCollator(0.1, 0.1, 0, TAPE))
-    path.unlink()
     with pytest.raises(DataError) as caught:
         next(stream_loader(stream, 0, num_workers=1))
-    assert str(caught.value) == f"cannot read {path}: No such file or directory"
+    assert str(caught.value) == (
+        f"prepared dataset {dataset.directory} is damaged: record 0 is unreadable (record '0' "
+        "holds byte 0 at position 1, which is no residue code); prepare it again"
+    )
 
 
 def _tape_dir(path: Path, weights: bytes) -> Path:

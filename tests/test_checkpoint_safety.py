@@ -170,7 +170,7 @@ def test_disk_full_during_a_save_removes_it_and_keeps_the_previous_one(tmp_path)
     run_dir = tmp_path / "run"
     args = tiny_run_args(tmp_path, run_dir) + [
         "--mode", "random", "--max_steps", "4", "--checkpoint_every", "2", "--num_workers", "0",
-        "--eval_batches", "1",
+        "--val_max_batches", "1",
     ]  # fmt: skip
     first = run_module(args + ["--stop_after_steps", "2"])
     assert first.returncode == 0, first.stderr[-2000:]

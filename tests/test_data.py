@@ -1,4 +1,5 @@
-"""Tests for advpt.data on real files written to tmp_path: FASTA, gzip FASTA, TAPE LMDB, JSON."""
+"""advpt.data on real files written to tmp_path: FASTA (plain and gzip), TAPE LMDB and JSON,
+Parquet, each prepared into a memory-mapped dataset; crops, splits and bucketed batches."""
 
 from __future__ import annotations
 
@@ -13,20 +14,12 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-from advpt.data import (
-    BUNDLED_PROTEOME,
-    CroppedView,
-    LengthBucketedBatches,
-    ProteinDataset,
-    Record,
-    TapeLMDB,
-    crop,
-    iter_fasta,
-    padding_fraction,
-    read_tape_json,
-    resolve_data_path,
-    train_val_split,
-)
+from advpt.data.batching import LengthBucketedBatches, padding_fraction
+from advpt.data.bundled import BUNDLED_PROTEOME, resolve_data_path
+from advpt.data.cache import open_data
+from advpt.data.dataset import CroppedView, crop_window
+from advpt.data.readers import TapeLMDB, read_tape_json
+from advpt.data.sampling import AllRecords, Subset, held_out_count, split
 from advpt.errors import DataError
 from advpt.tokenizer import TAPE
 
@@ -42,6 +35,15 @@ FASTA_TEXT = (
     "acdefghiklmnpqrstvwy\r\n"
 )
 EXPECTED = {"p1": "MKTAYIAKQR", "p2": "GG", "p3": "ACDEFGHIKLMNPQRSTVWY"}
+
+
+def load(path: Path, **options):
+    """``path`` prepared into a cache under its folder and opened, as ``--data`` would."""
+    return open_data(str(path), str(path.parent / "cache"), **options)
+
+
+def residues(dataset) -> list[str]:
+    return [TAPE.decode(dataset.ids(i, TAPE)) for i in range(len(dataset))]
 
 
 def write_fasta(path: Path, text: str) -> Path:
@@ -87,51 +89,60 @@ def tape_records(sequences: list[str], protocol: int = 4) -> dict[bytes, bytes]:
 
 @pytest.mark.parametrize("name", ["seqs.fasta", "seqs.faa", "seqs.fa.gz", "seqs.txt.gz"])
 def test_fasta_gives_expected_ids(tmp_path: Path, name: str) -> None:
-    path = write_fasta(tmp_path / name, FASTA_TEXT)
-    assert [r.name for r in iter_fasta(path)] == list(EXPECTED)
-    dataset = ProteinDataset.from_path(path, TAPE)
+    dataset = load(write_fasta(tmp_path / name, FASTA_TEXT))
     assert len(dataset) == 3
+    assert [dataset.name(i) for i in range(3)] == list(EXPECTED)
     for i, sequence in enumerate(EXPECTED.values()):
-        np.testing.assert_array_equal(dataset[i], TAPE.encode(sequence))
-        assert dataset[i].dtype == np.int64
-    np.testing.assert_array_equal(dataset.token_lengths, [12, 4, 22])
-    # A pickled copy (what a DataLoader worker receives) reads the same records.
-    np.testing.assert_array_equal(pickle.loads(pickle.dumps(dataset))[2], dataset[2])
+        np.testing.assert_array_equal(dataset.ids(i, TAPE), TAPE.encode(sequence))
+        assert dataset.ids(i, TAPE).dtype == np.int64
+    np.testing.assert_array_equal(dataset.token_lengths(np.arange(3)), [12, 4, 22])
+    # A pickled copy (what a spawned DataLoader worker receives) maps the files again.
+    copy = pickle.loads(pickle.dumps(dataset))
+    assert len(pickle.dumps(dataset)) < 1000
+    np.testing.assert_array_equal(copy.ids(2, TAPE), dataset.ids(2, TAPE))
 
 
-def test_iter_fasta_records(tmp_path: Path) -> None:
-    path = write_fasta(tmp_path / "seqs.fasta", FASTA_TEXT)
-    assert list(iter_fasta(path))[1] == Record("p2", "GG")
+def test_a_space_before_the_name_is_allowed(tmp_path: Path) -> None:
+    dataset = load(write_fasta(tmp_path / "s.fasta", ">  p1 desc\nMKT\n>\tp2\nGG"))
+    assert [dataset.name(0), dataset.name(1)] == ["p1", "p2"] and residues(dataset)[1] == "GG"
 
 
 def test_sequence_before_header_names_file_and_line(tmp_path: Path) -> None:
     path = write_fasta(tmp_path / "bad.fasta", "\nMKT\n>p1\nMKT\n")
     with pytest.raises(DataError, match=r"bad\.fasta, line 2: sequence line before any"):
-        ProteinDataset.from_path(path, TAPE)
+        load(path)
+
+
+def test_nameless_header_names_file_and_line(tmp_path: Path) -> None:
+    path = write_fasta(tmp_path / "bad.fasta", ">p1\nMKT\n>p2\nGG\n>  \nMKT\n")
+    with pytest.raises(DataError, match=r"bad\.fasta, line 5: the '>' header has no record name"):
+        load(path)
 
 
 @pytest.mark.parametrize("text", [">p1\nMKT\n>empty desc\n>p3\nGG\n", ">p1\nMKT\n>empty\n"])
 def test_empty_record_names_file_and_record(tmp_path: Path, text: str) -> None:
     path = write_fasta(tmp_path / "bad.fa", text)
     with pytest.raises(DataError, match=r"bad\.fa: record 'empty' has no sequence"):
-        ProteinDataset.from_path(path, TAPE)
+        load(path)
 
 
 def test_invalid_character_reported_at_startup(tmp_path: Path) -> None:
     path = write_fasta(tmp_path / "bad.fasta.gz", ">ok\nMKT\n>p2\nMK\nT1A\n")
     with pytest.raises(DataError, match=r"bad\.fasta\.gz: record 'p2' .*'1' at position 4"):
-        ProteinDataset.from_path(path, TAPE)
-    dataset = ProteinDataset.from_path(path, TAPE, unknown_to_unk=True)
-    assert dataset[1][4] == TAPE.unk_id
+        load(path)
+    dataset = load(path, unknown_to_unk=True)
+    assert dataset.ids(1, TAPE)[4] == TAPE.unk_id
+    with pytest.raises(DataError, match=r"record 'p2' has invalid residue '\*' at position 2"):
+        load(write_fasta(tmp_path / "star.fasta", ">p1\nMK*\n>p2\nM*K*\n"))  # only a last * goes
 
 
 def test_missing_empty_and_unknown_paths(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="nowhere.fasta does not exist"):
-        ProteinDataset.from_path(tmp_path / "nowhere.fasta", TAPE)
+        load(tmp_path / "nowhere.fasta")
     with pytest.raises(DataError, match="empty.fasta holds no usable records"):
-        ProteinDataset.from_path(write_fasta(tmp_path / "empty.fasta", "\n"), TAPE)
+        load(write_fasta(tmp_path / "empty.fasta", "\n"))
     with pytest.raises(DataError, match="cannot tell the format"):
-        ProteinDataset.from_path(write_fasta(tmp_path / "seqs.csv", FASTA_TEXT), TAPE)
+        load(write_fasta(tmp_path / "seqs.csv", FASTA_TEXT))
 
 
 # ----------------------------------------------------------------------------- TAPE LMDB
@@ -147,21 +158,22 @@ def test_tape_lmdb_round_trip(tmp_path: Path, protocol: int) -> None:
     np.testing.assert_array_equal(tape[0]["ss3"], np.arange(10) % 3)
     with pytest.raises(IndexError):
         tape[3]
-    dataset = ProteinDataset.from_path(path, TAPE)
-    np.testing.assert_array_equal(dataset[1], TAPE.encode("GG"))
-    np.testing.assert_array_equal(dataset.token_lengths, [12, 4, 22])
-    np.testing.assert_array_equal(pickle.loads(pickle.dumps(dataset))[0], TAPE.encode(sequences[0]))
+    dataset = load(path)
+    np.testing.assert_array_equal(dataset.ids(1, TAPE), TAPE.encode("GG"))
+    np.testing.assert_array_equal(dataset.token_lengths(np.arange(3)), [12, 4, 22])
+    assert dataset.name(2) == "2"
 
 
 def test_tape_lmdb_single_file_in_dataloader_workers(tmp_path: Path) -> None:
     sequences = ["MKT", "GGAA", "ACDEF", "W"]
     path = write_tape_lmdb(tmp_path / "one.lmdb", tape_records(sequences), subdir=False)
-    dataset = ProteinDataset.from_path(path, TAPE)
+    tape = TapeLMDB(path)
+    assert tape[0]["primary"] == "MKT"
     # The workers are forked after the parent opened the environment: each must reopen it.
-    loader = DataLoader(dataset, batch_size=None, num_workers=2)
-    for ids, sequence in zip(loader, sequences, strict=True):
-        np.testing.assert_array_equal(ids.numpy(), TAPE.encode(sequence))
-    np.testing.assert_array_equal(dataset[3], TAPE.encode("W"))  # the parent reopens it too
+    loader = DataLoader(tape, batch_size=None, num_workers=2, collate_fn=lambda r: r["primary"])
+    assert list(loader) == sequences
+    assert tape[3]["primary"] == "W"  # the parent reopens it too
+    assert residues(load(path)) == sequences
 
 
 def test_tape_lmdb_refuses_code_execution(tmp_path: Path) -> None:
@@ -175,7 +187,7 @@ def test_tape_lmdb_refuses_code_execution(tmp_path: Path) -> None:
     values[b"0"] = pickle.dumps({"primary": "MKT", "payload": Exploit()})
     path = write_tape_lmdb(tmp_path / "evil.lmdb", values)
     with pytest.raises(DataError, match=r"refusing to unpickle \w+\.system from LMDB .*evil\.lmdb"):
-        ProteinDataset.from_path(path, TAPE)
+        load(path)
     assert not target.exists()
 
 
@@ -192,7 +204,7 @@ def test_tape_lmdb_missing_record_key(tmp_path: Path) -> None:
     del values[b"1"]
     path = write_tape_lmdb(tmp_path / "gap.lmdb", values)
     with pytest.raises(DataError, match=r"gap\.lmdb key '1' is missing"):
-        ProteinDataset.from_path(path, TAPE)
+        load(path)
 
 
 # ----------------------------------------------------------------------------- TAPE JSON
@@ -202,9 +214,10 @@ def test_tape_json(tmp_path: Path) -> None:
     path = tmp_path / "valid.json"
     path.write_text(json.dumps([{"primary": "MKT*", "log_fluorescence": [3.1]}, {"primary": "G"}]))
     assert read_tape_json(path)[0]["log_fluorescence"] == [3.1]
-    dataset = ProteinDataset.from_path(path, TAPE)
-    np.testing.assert_array_equal(dataset[0], TAPE.encode("MKT"))
-    np.testing.assert_array_equal(dataset.token_lengths, [5, 3])
+    dataset = load(path)
+    np.testing.assert_array_equal(dataset.ids(0, TAPE), TAPE.encode("MKT"))
+    np.testing.assert_array_equal(dataset.token_lengths(np.arange(2)), [5, 3])
+    assert dataset.name(1) == "#1"
 
 
 @pytest.mark.parametrize(
@@ -219,75 +232,75 @@ def test_bad_tape_json(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "broken.json"
     path.write_text(text)
     with pytest.raises(DataError, match=message):
-        ProteinDataset.from_path(path, TAPE)
-
-
-# ----------------------------------------------------------------------------- crops and splits
-
-
-def test_crop_keeps_a_contiguous_window_that_fits_with_cls_and_sep() -> None:
-    sequence = "ACDEFGHIKLMNPQRSTVWY" * 5
-    cropped = crop(sequence, 12, np.random.default_rng(0))
-    assert len(cropped) == 10 and cropped in sequence
-    assert crop("MKT", 12, np.random.default_rng(0)) == "MKT"
-    windows = {crop(sequence, 12, np.random.default_rng(seed)) for seed in range(20)}
-    assert len(windows) > 5
-
-
-def test_cropped_view_is_stateless_per_seed_epoch_index(tmp_path: Path) -> None:
-    path = write_fasta(
-        tmp_path / "two.fasta", f">long\n{'ACDEFGHIKLMNPQRSTVWY' * 25}\n>short\nMKT\n"
-    )
-    dataset = ProteinDataset.from_path(path, TAPE)
-    view = CroppedView(dataset, np.array([1, 0]), max_length=32, seed=7)
-    np.testing.assert_array_equal(view.token_lengths, [5, 32])
-    first = view[1]
-    assert len(first) == 32 and first[0] == TAPE.cls_id and first[-1] == TAPE.eos_id
-    np.testing.assert_array_equal(view[1], first)  # repeatable, in any order
-    fresh = CroppedView(dataset, np.array([0]), max_length=32, seed=7)
-    np.testing.assert_array_equal(fresh[0], first)  # depends on the record, not its position
-    assert len({view.get(1, epoch).tobytes() for epoch in range(5)}) > 1
+        load(path)
 
 
 def test_skip_bad_records_counts_and_leaves_them_out(tmp_path: Path) -> None:
     text = ">ok1\nMKT\n>bad\nMK1T\n>empty\n>ok2\nGGA*\n"
     path = write_fasta(tmp_path / "mixed.fasta", text)
     with pytest.raises(DataError, match="record 'bad'"):
-        ProteinDataset.from_path(path, TAPE)
-    dataset = ProteinDataset.from_path(path, TAPE, skip_bad_records=True)
-    assert dataset.skipped_records == 2
-    assert [TAPE.decode(dataset[i]) for i in range(len(dataset))] == ["MKT", "GGA"]
+        load(path)
+    dataset = load(path, skip_bad_records=True)
+    assert dataset.manifest["skipped_records"] == 2
+    assert residues(dataset) == ["MKT", "GGA"]
+    assert [dataset.name(i) for i in range(2)] == ["ok1", "ok2"]
     records = [{"primary": "MKT"}, {"primary": 5}, {"primary": "MXZ"}]
     (tmp_path / "t.json").write_text(json.dumps(records))
-    dataset = ProteinDataset.from_path(tmp_path / "t.json", TAPE, skip_bad_records=True)
-    assert dataset.skipped_records == 1 and len(dataset) == 2
+    dataset = load(tmp_path / "t.json", skip_bad_records=True)
+    assert dataset.manifest["skipped_records"] == 1 and len(dataset) == 2
 
 
-def test_one_enormous_sequence_is_indexed_and_cropped(tmp_path: Path) -> None:
+# ----------------------------------------------------------------------------- crops and splits
+
+
+def test_crop_keeps_a_contiguous_window_that_fits_with_cls_and_sep() -> None:
+    start, stop = crop_window(100, 12, np.random.default_rng(0))
+    assert stop - start == 10 and 0 <= start <= 90
+    assert crop_window(3, 12, np.random.default_rng(0)) == (0, 3)
+    windows = {crop_window(100, 12, np.random.default_rng(seed)) for seed in range(20)}
+    assert len(windows) > 5
+
+
+def test_cropped_view_is_stateless_per_seed_epoch_record(tmp_path: Path) -> None:
+    path = write_fasta(
+        tmp_path / "two.fasta", f">long\n{'ACDEFGHIKLMNPQRSTVWY' * 25}\n>short\nMKT\n"
+    )
+    dataset = load(path)
+    view = CroppedView(dataset, Subset(AllRecords(2), np.array([1, 0])), 32, seed=7, vocab=TAPE)
+    np.testing.assert_array_equal(view.token_lengths(np.arange(2), 0), [5, 32])
+    first = view.examples(np.array([1]), 0)[0]
+    assert len(first) == 32 and first[0] == TAPE.cls_id and first[-1] == TAPE.eos_id
+    np.testing.assert_array_equal(view.examples(np.array([1, 0]), 0)[0], first)  # any order
+    fresh = CroppedView(dataset, AllRecords(2), max_length=32, seed=7, vocab=TAPE)
+    np.testing.assert_array_equal(fresh.examples(np.array([0]), 0)[0], first)  # the record's
+    assert len({view.examples(np.array([1]), epoch)[0].tobytes() for epoch in range(5)}) > 1
+
+
+def test_one_enormous_sequence_is_prepared_and_cropped(tmp_path: Path) -> None:
     lines = 333_334  # 20 million residues in 60-letter lines
-    residues = 60 * lines
     path = tmp_path / "huge.fasta"
     with path.open("w") as f:
         f.write(">giant\n")
         f.write(("ACDEFGHIKLMNPQRSTVWY" * 3 + "\n") * lines)
-    dataset = ProteinDataset.from_path(path, TAPE)
-    assert dataset.token_lengths.tolist() == [residues + 2]
-    ids = CroppedView(dataset, np.array([0]), max_length=512, seed=0)[0]
-    assert len(ids) == 512
+    dataset = load(path)
+    assert dataset.token_lengths(np.array([0])).tolist() == [60 * lines + 2]
+    view = CroppedView(dataset, AllRecords(1), max_length=512, seed=0, vocab=TAPE)
+    ids = view.examples(np.array([0]), 0)
+    assert len(ids[0]) == 512
 
 
-def test_train_val_split() -> None:
-    train, val = train_val_split(1000, 0.05, seed=3)
-    assert len(val) == 50 and len(train) == 950
-    assert np.intersect1d(train, val).size == 0
-    np.testing.assert_array_equal(np.sort(np.concatenate([train, val])), np.arange(1000))
-    assert np.all(np.diff(val) > 0)
-    again_train, again_val = train_val_split(1000, 0.05, seed=3)
-    np.testing.assert_array_equal(val, again_val)
-    assert not np.array_equal(val, train_val_split(1000, 0.05, seed=4)[1])
-    assert [len(part) for part in train_val_split(10, 0.001, 0)] == [9, 1]
-    assert [len(part) for part in train_val_split(1, 0.5, 0)] == [1, 0]
-    assert [len(part) for part in train_val_split(10, 0.0, 0)] == [10, 0]
+def test_held_out_split_by_record() -> None:
+    train, held = split(1000, None, 0.05, seed=3)
+    assert len(held) == 50 and len(train) == 950
+    everything = np.arange(1000)
+    val_records = held.records(everything[:50], epoch=0)
+    train_records = train.records(everything[:950], epoch=7)
+    assert np.intersect1d(train_records, val_records).size == 0
+    np.testing.assert_array_equal(np.sort(np.concatenate([train_records, val_records])), everything)
+    again = split(1000, None, 0.05, seed=3)[1].records(everything[:50], 0)
+    np.testing.assert_array_equal(val_records, again)
+    assert set(split(1000, None, 0.05, seed=4)[1].records(everything[:50], 0)) != set(val_records)
+    assert [held_out_count(10, 0.001), held_out_count(1, 0.5), held_out_count(10, 0.0)] == [1, 0, 0]
 
 
 # ----------------------------------------------------------------------------- batching
@@ -305,6 +318,8 @@ def test_ranks_get_equal_disjoint_shares() -> None:
     union = set().union(*map(set, shares))
     assert sum(map(len, shares)) == len(union) >= 3000 - 16 * world
     assert samplers[0].epoch_batches(1) != samplers[0].epoch_batches(2)
+    again = LengthBucketedBatches(LENGTHS, 16, rank=1, world_size=world)
+    assert again.epoch_batches(2) == samplers[1].epoch_batches(2)  # a pure function of the epoch
 
 
 def test_validation_batches_cover_everything_once() -> None:
@@ -332,12 +347,12 @@ def test_too_small_for_world_size() -> None:
 # ----------------------------------------------------------------------------- bundled proteome
 
 
-def test_bundled_proteome_loads() -> None:
+def test_bundled_proteome_loads(tmp_path: Path) -> None:
     path = resolve_data_path(BUNDLED_PROTEOME)
     assert path.name == "938293.PRJEB85.HG003687.faa"
     assert resolve_data_path("some/file.fasta") == Path("some/file.fasta")
-    dataset = ProteinDataset.from_path(BUNDLED_PROTEOME, TAPE)
+    dataset = open_data(BUNDLED_PROTEOME, str(tmp_path))
     assert len(dataset) == 2100
-    assert int(dataset.token_lengths.sum()) - 2 * 2100 == 680_484
-    assert dataset[0][0] == TAPE.cls_id and dataset[0][-1] == TAPE.eos_id
-    assert len(dataset[2099]) == dataset.token_lengths[2099]
+    assert dataset.manifest["residues"] == 680_484
+    assert dataset.ids(0, TAPE)[0] == TAPE.cls_id and dataset.ids(0, TAPE)[-1] == TAPE.eos_id
+    assert len(dataset.ids(2099, TAPE)) == dataset.token_lengths(np.array([2099]))[0]

@@ -16,6 +16,7 @@ import psutil
 import pytest
 import torch
 
+from advpt.data.prepare import prepare
 from advpt.train import main
 from tests.helpers import (
     REPO,
@@ -41,6 +42,15 @@ def _lmdb_without_count(path: Path) -> str:
     return str(path)
 
 
+def _truncated_prepared(path: Path) -> str:
+    """A prepared dataset whose residues were cut short (a copy that did not finish)."""
+    source = Path(_fasta(path.with_suffix(".fasta"), ">a\nMKTAYIAKQR\n" * 20))
+    prepare([str(source)], path, progress=False)
+    with open(path / "residues.u8", "r+b") as handle:
+        handle.truncate(100)
+    return str(path)
+
+
 BAD_DATA = {
     "invalid residue": (lambda d: _fasta(d / "x.fasta", ">a\nMKT\n>b\nMK1\n"), "record 'b'"),
     "missing path": (lambda d: str(d / "nowhere.fasta"), "does not exist"),
@@ -48,6 +58,7 @@ BAD_DATA = {
     "malformed json": (lambda d: _fasta(d / "x.json", "[{"), "x.json is not valid JSON"),
     "lmdb without count": (lambda d: _lmdb_without_count(d / "x.lmdb"), "num_examples"),
     "orphan sequence line": (lambda d: _fasta(d / "o.fasta", "MKT\n>a\nMK\n"), "line 1"),
+    "truncated prepared dataset": (lambda d: _truncated_prepared(d / "prep"), "is damaged"),
 }
 
 

@@ -4,7 +4,14 @@ import json
 
 import pytest
 
-from tests.helpers import launch, read_metrics, run_module, tiny_run_args, write_ds_config
+from tests.helpers import (
+    bundled_clusters,
+    launch,
+    read_metrics,
+    run_module,
+    tiny_run_args,
+    write_ds_config,
+)
 
 # Everything a run logs that is not wall-clock time.
 TIMING_KEYS = {"tokens_per_s", "val_seconds"}
@@ -21,10 +28,12 @@ def _deterministic(records: list[dict], after_step: int) -> list[dict]:
 def test_stopped_and_resumed_run_matches_an_uninterrupted_one(tmp_path):
     # Stopping after an odd number of steps of each engine, before the batch grows, catches a
     # resumed engine that counts its accumulation window from the restart instead of the run.
+    # Cluster sampling: the member drawn for each cluster is part of what must resume exactly.
     schedule = [
         "--max_steps", "8", "--noiser_steps", "3", "--encoder_steps", "3", "--log_every", "1",
         "--eval_every", "3", "--checkpoint_every", "4", "--batch_growth_at", "0.6",
-        "--num_workers", "1",
+        "--num_workers", "1", "--sample_by", "cluster",
+        "--clusters", str(bundled_clusters(tmp_path / "clusters.tsv")),
     ]  # fmt: skip
     whole = tmp_path / "whole"
     done = run_module(tiny_run_args(tmp_path, whole) + schedule)
@@ -79,13 +88,20 @@ def test_fresh_run_refuses_to_overwrite_and_bad_configs_are_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_two_rank_run_through_the_deepspeed_launcher(tmp_path):
-    run_dir = tmp_path / "dp"
+    # Raw data and a cluster mapping with a fresh cache: one rank prepares the dataset and the
+    # cluster index while the other waits, then both train on the memory-mapped copy.
+    run_dir, cache = tmp_path / "dp", tmp_path / "cache"
     args = tiny_run_args(tmp_path, run_dir, world=2) + [
         "--max_steps", "4", "--noiser_steps", "2", "--encoder_steps", "2", "--log_every", "2",
         "--eval_every", "4", "--checkpoint_every", "4", "--num_workers", "0",
+        "--data_cache", str(cache), "--clusters", str(bundled_clusters(tmp_path / "c.tsv")),
+        "--sample_by", "cluster",
     ]  # fmt: skip
     result = launch(args)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    output = result.stdout + result.stderr
+    assert output.count("advpt: preparing") == 1 and output.count("advpt: matching") == 1
+    assert len(list(cache.iterdir())) == 2  # the dataset and its cluster index
     records = read_metrics(run_dir)
     assert records[-1]["encoder_step"] == 4 and "val_loss" in records[-1]
     assert {r["encoder_batch_size"] for r in records if "encoder_batch_size" in r} == {16}

@@ -1,26 +1,42 @@
 """The training stream is a pure function of the micro-batch counter (exact resume, DP shards)."""
 
 import numpy as np
+import pytest
 import torch
 
 from advpt.data.batching import LengthBucketedBatches
+from advpt.data.cache import open_data
+from advpt.data.clusters import ClusterSource
 from advpt.data.collate import MaskingCollator
-from advpt.data.dataset import CroppedView, ProteinDataset, train_val_split
+from advpt.data.dataset import CroppedView
+from advpt.data.sampling import split
 from advpt.data.stream import MicroBatches, stream_loader
 from advpt.tokenizer import TAPE
 
 
-def _stream(tmp_path, rank: int = 0, world: int = 1) -> MicroBatches:
+def _toy(tmp_path, records: int = 90):
+    """A FASTA of random proteins and a mapping putting them in clusters of three."""
     rng = np.random.default_rng(0)
-    fasta = tmp_path / "toy.fasta"
+    fasta, mapping = tmp_path / "toy.fasta", tmp_path / "clusters.tsv"
     letters = np.array(list("ACDEFGHIKLMNPQRSTVWY"))
-    with fasta.open("w") as f:
-        for i in range(90):
+    with fasta.open("w") as f, mapping.open("w") as m:
+        for i in range(records):
             f.write(f">p{i}\n{''.join(rng.choice(letters, rng.integers(5, 120)))}\n")
-    dataset = ProteinDataset.from_path(fasta, TAPE)
-    train, _ = train_val_split(len(dataset), 0.1, seed=0)
-    view = CroppedView(dataset, train, max_length=64, seed=0)
-    batches = LengthBucketedBatches(view.token_lengths, 8, rank, world, seed=0, bucket_batches=3)
+            m.write(f"p{i}\tc{i // 3}\n")
+    return fasta, mapping
+
+
+def _stream(tmp_path, rank: int = 0, world: int = 1, sample_by: str = "record") -> MicroBatches:
+    fasta, mapping = _toy(tmp_path)
+    dataset = open_data(str(fasta), str(tmp_path / "cache"))
+    clusters = None
+    if sample_by == "cluster":
+        source = ClusterSource(dataset, mapping, str(tmp_path / "cache"))
+        source.ensure()
+        clusters = source.open()
+    train, _ = split(len(dataset), clusters, 0.1, seed=0, sample_by=sample_by)
+    view = CroppedView(dataset, train, max_length=64, seed=0, vocab=TAPE)
+    batches = LengthBucketedBatches(view, 8, rank, world, seed=0, bucket_batches=3)
     return MicroBatches(view, batches, MaskingCollator(0.1, 0.1, 0, TAPE))
 
 
@@ -39,14 +55,18 @@ def _same(a, b) -> bool:
     )
 
 
-def test_restarting_at_any_position_gives_the_same_batches(tmp_path):
-    stream = _stream(tmp_path)
-    assert stream.per_epoch == 10  # 81 training records // 8
-    uninterrupted = _take(stream_loader(stream, 0, num_workers=2), 25)
-    resumed = _take(stream_loader(stream, 13, num_workers=0), 12)  # crosses an epoch boundary
-    assert all(_same(a, b) for a, b in zip(uninterrupted[13:], resumed, strict=True))
+@pytest.mark.parametrize("sample_by", ["record", "cluster"])
+def test_restarting_at_any_position_gives_the_same_batches(tmp_path, sample_by):
+    stream = _stream(tmp_path, sample_by=sample_by)
+    # 81 training records // 8, or 27 training clusters // 8
+    assert stream.per_epoch == (10 if sample_by == "record" else 3)
+    length = 3 * stream.per_epoch
+    uninterrupted = _take(stream_loader(stream, 0, num_workers=2), length)
+    start = length // 2 + 1  # a resumed run, crossing an epoch boundary
+    resumed = _take(stream_loader(stream, start, num_workers=0), length - start)
+    assert all(_same(a, b) for a, b in zip(uninterrupted[start:], resumed, strict=True))
     # epochs differ in order, crops and masks
-    assert not _same(uninterrupted[0], uninterrupted[10])
+    assert not _same(uninterrupted[0], uninterrupted[stream.per_epoch])
 
 
 def test_ranks_see_disjoint_shards(tmp_path):

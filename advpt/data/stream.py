@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from functools import lru_cache
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -30,18 +29,13 @@ class MicroBatches(Dataset):
         self.collate = collate
         self.per_epoch = batches.batches_per_epoch()
 
-    @lru_cache(maxsize=2)  # noqa: B019 - a few epochs' batch lists, per worker process
-    def _epoch(self, epoch: int) -> list[list[int]]:
-        return self.batches.epoch_batches(epoch)
-
     def __len__(self) -> int:
         raise TypeError("the training stream is endless")
 
     def __getitem__(self, number: int) -> Batch:
         epoch, position = divmod(number, self.per_epoch)
-        indices = self._epoch(epoch)[position]
-        examples = [self.view.get(j, epoch) for j in indices]
-        return self.collate(examples, number)
+        items = self.batches.batch(epoch, position)
+        return self.collate(self.view.examples(items, epoch), number)
 
     def epoch_of(self, number: int) -> int:
         return number // self.per_epoch
@@ -96,16 +90,28 @@ def stream_loader(
         yield batch
 
 
-def validation_batches(
-    view: CroppedView, batch_size: int, collate: MaskingCollator, limit: int, rank: int, world: int
-) -> list[Batch]:
-    """This rank's fixed validation micro-batches: sorted by length, same masks every pass."""
-    batches = LengthBucketedBatches(
-        view.token_lengths, batch_size, rank=rank, world_size=world, shuffle=False, drop_last=False
-    )
-    chosen = batches.epoch_batches(0)
-    if limit > 0:
-        chosen = chosen[:limit]
-    return [
-        collate([view.get(j, 0) for j in indices], number) for number, indices in enumerate(chosen)
-    ]
+class ValidationBatches:
+    """This rank's share of the fixed validation sample, collated when iterated.
+
+    The sample is sorted by length and cut into micro-batches; rank ``r`` scores batches
+    ``r, r + world, ...`` of them, and a batch's random masks are seeded by its place in that
+    order, so every pass scores the same tokens with the same masks, whatever the number of
+    ranks. Nothing is held between passes.
+    """
+
+    def __init__(
+        self, view: CroppedView, batch_size: int, collate: MaskingCollator, rank: int, world: int
+    ):
+        self.view = view
+        self.collate = collate
+        self.batches = LengthBucketedBatches(
+            view, batch_size, rank, world, shuffle=False, drop_last=False
+        )
+
+    def __len__(self) -> int:
+        return self.batches.batches_per_epoch()
+
+    def __iter__(self) -> Iterator[Batch]:
+        for position in range(len(self)):
+            items = self.batches.batch(0, position)
+            yield self.collate(self.view.examples(items, 0), self.batches.number(position))

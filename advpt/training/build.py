@@ -17,11 +17,15 @@ import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
-from advpt.config import TrainConfig
+from advpt.config import DataConfig, TrainConfig
 from advpt.data.batching import LengthBucketedBatches
-from advpt.data.collate import Batch, MaskingCollator
-from advpt.data.dataset import CroppedView, ProteinDataset, train_val_split
-from advpt.data.stream import MicroBatches, validation_batches
+from advpt.data.cache import locate, on_one_rank
+from advpt.data.clusters import ClusterIndex, ClusterSource
+from advpt.data.collate import MaskingCollator
+from advpt.data.dataset import CroppedView
+from advpt.data.prepared import ProteinDataset
+from advpt.data.sampling import sample, split
+from advpt.data.stream import MicroBatches, ValidationBatches
 from advpt.errors import CheckpointError, ConfigError
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
 from advpt.training.consolidate import load_model
@@ -78,32 +82,38 @@ def build_trainer(
     return Trainer(config, encoder, noiser, stream, validation, device, stop_signals)
 
 
+def open_data(d: DataConfig) -> tuple[ProteinDataset, ClusterIndex | None]:
+    """The prepared dataset (and cluster index) of ``d``. Raw inputs are prepared into the
+    cache by one rank while the others wait; every rank then maps the same files."""
+    source = locate(d.data, d.data_cache, d.unknown_to_unk, d.skip_bad_records)
+    on_one_rank(source.ensure, source.is_current)
+    dataset = source.open()
+    if not d.clusters:
+        return dataset, None
+    index = ClusterSource(dataset, d.clusters, d.data_cache)
+    on_one_rank(index.ensure, index.is_current)
+    return dataset, index.open()
+
+
 def build_data(
     config: TrainConfig, micro_batch: int, rank: int, world: int
-) -> tuple[MicroBatches, list[Batch]]:
-    """This rank's training stream and validation micro-batches."""
-    d = config.data
+) -> tuple[MicroBatches, ValidationBatches]:
+    """This rank's training stream and its share of the fixed validation sample."""
+    d, seed = config.data, config.run.seed
     vocab = ENCODER_PRESETS[config.model.encoder].vocabulary  # the encoder decides the ids
-    dataset = ProteinDataset.from_path(d.data, vocab, d.unknown_to_unk, d.skip_bad_records)
-    train_idx, val_idx = train_val_split(len(dataset), d.val_fraction, config.run.seed)
-    train_view = CroppedView(dataset, train_idx, d.max_length, config.run.seed)
+    dataset, clusters = open_data(d)
+    train, held_out = split(len(dataset), clusters, d.val_fraction, seed, d.sample_by)
     random_rate, adversarial_rate = config.masking_rates()
+    view = CroppedView(dataset, train, d.max_length, seed, vocab)
     batches = LengthBucketedBatches(
-        train_view.token_lengths, micro_batch, rank=rank, world_size=world,
-        seed=config.run.seed, bucket_batches=d.bucket_batches,
-    )  # fmt: skip
-    collate = MaskingCollator(random_rate, adversarial_rate, config.run.seed, vocab)
-    stream = MicroBatches(train_view, batches, collate)
-    validation = []
-    if len(val_idx):
-        val_view = CroppedView(dataset, val_idx, d.max_length, config.run.seed)
-        val_collate = MaskingCollator(
-            random_rate + adversarial_rate, 0.0, config.run.seed + 1, vocab
-        )
-        validation = validation_batches(
-            val_view, micro_batch, val_collate, config.run.eval_batches, rank, world
-        )
-    return stream, validation
+        view, micro_batch, rank, world, seed, bucket_batches=d.bucket_batches
+    )
+    collate = MaskingCollator(random_rate, adversarial_rate, seed, vocab)
+    stream = MicroBatches(view, batches, collate)
+    chosen = sample(held_out, d.val_max_batches * micro_batch, seed)
+    held_out_view = CroppedView(dataset, chosen, d.max_length, seed, vocab)
+    val_collate = MaskingCollator(random_rate + adversarial_rate, 0.0, seed + 1, vocab)
+    return stream, ValidationBatches(held_out_view, micro_batch, val_collate, rank, world)
 
 
 def build_engines(

@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from advpt.config import TrainConfig
 from advpt.data.collate import Batch
-from advpt.data.stream import MicroBatches, stream_loader
+from advpt.data.stream import MicroBatches, ValidationBatches, stream_loader
 from advpt.errors import CheckpointError, cannot_write
 from advpt.models.encoder import MLMOutput
 from advpt.training import checkpoint
@@ -74,7 +74,7 @@ class Trainer:
         encoder_engine: deepspeed.DeepSpeedEngine,
         noiser_engine: deepspeed.DeepSpeedEngine | None,
         train_stream: MicroBatches,
-        validation: list[Batch],
+        validation: ValidationBatches,
         device: torch.device,
         stop_signals: StopSignals | None = None,
     ):
