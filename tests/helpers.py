@@ -131,6 +131,13 @@ def launch(args: list[str], ranks: int = 2, timeout: float = 600) -> subprocess.
     )  # fmt: skip
 
 
+def without_wall_clock(records: list[dict]) -> list[dict]:
+    """Logged rows without what depends on the wall clock: what a resumed run must reproduce."""
+    from advpt.training.monitor import WALL_CLOCK_KEYS
+
+    return [{k: v for k, v in r.items() if k not in WALL_CLOCK_KEYS} for r in records]
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
