@@ -161,7 +161,11 @@ class ScheduleConfig:
     encoder_steps: int = 10
     """Encoder optimizer steps per cycle (minimising it)."""
     warmup_steps: int = 10_000
-    """Linear learning-rate warmup in encoder steps, then linear decay to 0 at the last step."""
+    """Linear learning-rate warmup in encoder steps, then linear decay to min_lr_ratio x the
+    peak at the last step."""
+    min_lr_ratio: float = 0.1
+    """Where both models' learning rates end, as a share of their DeepSpeed JSON's peak lr (0
+    decays to 0, as TAPE does); a scheduler block in a JSON replaces the built-in schedule."""
     noiser_warmup_steps: int = -1
     """Noiser warmup in noiser steps; -1 follows warmup_steps (scaled to the noiser's steps)."""
     batch_growth_at: float = 0.8
@@ -239,6 +243,7 @@ class TrainConfig:
             (s.noiser_steps > 0, "noiser_steps must be positive"),
             (s.encoder_steps > 0, "encoder_steps must be positive"),
             (s.batch_growth_factor >= 1, "batch_growth_factor must be >= 1"),
+            (0.0 <= s.min_lr_ratio <= 1.0, "min_lr_ratio must be in [0, 1]"),
             (r.log_every > 0, "log_every must be positive"),
             (r.checkpoint_every > 0, "checkpoint_every must be positive"),
             (r.keep_checkpoints >= 1,

@@ -119,7 +119,7 @@ def build_engines(
     model = MaskedLanguageModel(encoder_cfg)
     if config.model.init_from:
         init_from(model, config.model.init_from, config.model.encoder)
-    encoder = build_engine(model, encoder_ds, s.warmup_steps, s.max_steps)
+    encoder = build_engine(model, encoder_ds, s.warmup_steps, s.max_steps, s.min_lr_ratio)
     noiser = None
     if config.adversarial:
         m = config.model
@@ -131,7 +131,7 @@ def build_engines(
             m.noiser_arch, m.noiser, encoder_cfg.vocabulary, m.noiser_bidirectional,
             m.noiser_context_only,
         )  # fmt: skip
-        noiser = build_engine(noiser_model, noiser_ds, warmup, total)
+        noiser = build_engine(noiser_model, noiser_ds, warmup, total, s.min_lr_ratio)
         if config.simultaneous and (
             noiser.gradient_accumulation_steps() != encoder.gradient_accumulation_steps()
         ):

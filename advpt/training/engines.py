@@ -100,13 +100,21 @@ def parameter_groups(model: nn.Module) -> list[dict[str, Any]]:
     return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def warmup_linear_decay(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
-    """LR multiplier: linear warmup to 1 over ``warmup_steps``, then linear decay to 0."""
+def warmup_linear_decay(
+    warmup_steps: int, total_steps: int, min_ratio: float
+) -> Callable[[int], float]:
+    """LR multiplier: linear warmup to 1 over ``warmup_steps``, then linear decay to
+    ``min_ratio`` at ``total_steps``, held there after.
+
+    The paper's schedule decays to 0, which spends the last steps of a run (all of a short one's
+    decay) at a learning rate too small to learn anything; a floor keeps them useful.
+    """
 
     def factor(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / warmup_steps
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+        left = max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+        return min_ratio + (1.0 - min_ratio) * left
 
     return factor
 
@@ -150,14 +158,16 @@ def build_engine(
     config: dict[str, Any],
     warmup_steps: int,
     total_steps: int,
+    min_lr_ratio: float,
 ) -> deepspeed.DeepSpeedEngine:
     """Wrap ``model`` in a DeepSpeed engine with a warmup + linear-decay LR schedule.
 
-    A ``scheduler`` block in the JSON takes precedence over the built-in schedule.
+    The learning rate decays to ``min_lr_ratio`` x the JSON's peak ``lr``. A ``scheduler`` block
+    in the JSON takes precedence over the built-in schedule.
     """
     schedule = None
     if "scheduler" not in config:
-        factor = warmup_linear_decay(warmup_steps, total_steps)
+        factor = warmup_linear_decay(warmup_steps, total_steps, min_lr_ratio)
 
         def schedule(optimizer: torch.optim.Optimizer) -> LambdaLR:
             return LambdaLR(optimizer, factor)
