@@ -212,10 +212,14 @@ class TrainConfig:
     masking: MaskingConfig = field(default_factory=MaskingConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     run: RunConfig = field(default_factory=RunConfig)
-    deepspeed_config: str = "ds_configs/encoder_cpu.json"
-    """DeepSpeed JSON of the encoder: batch sizes, precision, optimizer, ZeRO."""
-    noiser_deepspeed_config: str = "ds_configs/noiser_cpu.json"
-    """DeepSpeed JSON of the noiser; same train_micro_batch_size_per_gpu as the encoder's."""
+    deepspeed_config: str = "auto"
+    """DeepSpeed JSON of the encoder (batch sizes, precision, optimizer, ZeRO): a file, or a
+    config shipped with advpt: cpu, cpu-bf16, gpu-bf16, gpu-fp16, gpu-lamb; auto is cpu on
+    DeepSpeed's CPU accelerator and gpu-bf16 on a GPU. The global batch is micro-batch x
+    accumulation x ranks unless the JSON fixes train_batch_size."""
+    noiser_deepspeed_config: str = "auto"
+    """DeepSpeed JSON of the noiser: a file, or a shipped config: cpu, gpu; auto is cpu on the
+    CPU accelerator and gpu on a GPU. A JSON without batch settings follows the encoder's."""
 
     def validate(self) -> None:
         """Raise ``ConfigError`` for values that cannot make a run."""
@@ -308,8 +312,9 @@ class FinetuneConfig:
     """Encoder preset for --pretrained none."""
     run_dir: str = ""
     """Output directory; empty is runs/finetune/<task>."""
-    deepspeed_config: str = "ds_configs/finetune_cpu.json"
-    """DeepSpeed JSON of the fine-tuning engine."""
+    deepspeed_config: str = "auto"
+    """DeepSpeed JSON of the fine-tuning engine: a file, or a shipped config: cpu, gpu-bf16;
+    auto is cpu on DeepSpeed's CPU accelerator and gpu-bf16 on a GPU."""
     lr: float | None = None
     """Peak learning rate; unset takes the DeepSpeed JSON's."""
     weight_decay: float | None = None
@@ -484,10 +489,17 @@ def _flag_kwargs(setting: _Setting) -> dict[str, Any]:
     return kwargs | {"type": kind}
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Wraps help lines without splitting names such as gpu-bf16 at their hyphens."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def build_parser(root: type) -> argparse.ArgumentParser:
     """A parser with one flag per setting of ``root``, grouped by section, help from the docs."""
     parser = argparse.ArgumentParser(
-        description=inspect.getdoc(root), formatter_class=argparse.RawDescriptionHelpFormatter
+        description=inspect.getdoc(root), formatter_class=_HelpFormatter
     )
     parser.add_argument("--config", help="JSON or YAML run file of these settings (flags win)")
     parser.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)

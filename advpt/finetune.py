@@ -1,7 +1,7 @@
 """Fine-tune a pre-trained encoder on one TAPE task and score it as the paper's Table 2 does.
 
     python -m advpt.finetune --task secondary_structure --data_dir data/tape --pretrained RUN
-    deepspeed advpt/finetune.py --deepspeed_config ds_configs/finetune.json --task ... (GPUs)
+    deepspeed advpt/finetune.py --deepspeed_config gpu-bf16 --task ... (GPUs)
 
 ``--pretrained`` is an advpt run directory, an ``advpt.export`` directory, a TAPE
 ``save_pretrained`` directory, a Hugging Face ESM-2 directory (``EsmForMaskedLM`` or

@@ -1,10 +1,63 @@
-"""The built-in learning-rate schedule on real DeepSpeed engines."""
+"""Shipped DeepSpeed configs by short name, their batch settings, and the LR floor."""
+
+import json
 
 import pytest
 import torch
 
-from advpt.training.engines import build_engine, current_lr
-from tests.helpers import build_tiny_trainer
+from advpt import ds_configs
+from advpt.config import FinetuneConfig, TrainConfig, field_docs
+from advpt.errors import ConfigError
+from advpt.training.engines import build_engine, current_lr, load_ds_config
+from tests.helpers import REPO, build_tiny_trainer
+
+
+@pytest.mark.parametrize(
+    "role, name", [(role, name) for role in ds_configs.ROLES for name in ds_configs.names(role)]
+)
+def test_every_shipped_config_loads_by_short_name_from_another_directory(
+    tmp_path, monkeypatch, distributed, role, name
+):
+    monkeypatch.chdir(tmp_path)
+    encoder = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3}
+    config = load_ds_config(name, tmp_path, role, batch_from=encoder)
+    shipped = json.loads((REPO / "advpt" / "ds_configs" / role / f"{name}.json").read_text())
+    assert config["optimizer"] == shipped["optimizer"]
+    if role == "noiser":  # states no batch settings: follows the encoder's
+        assert config["train_micro_batch_size_per_gpu"] == 4
+        assert config["gradient_accumulation_steps"] == 3
+    elif role == "encoder":  # micro-batch (x accumulation) per rank, so any world size works
+        assert "train_batch_size" not in config
+        assert config["train_micro_batch_size_per_gpu"] == shipped["train_micro_batch_size_per_gpu"]
+    if name == "gpu-fp16":
+        assert config["fp16"]["loss_scale"] == 0  # dynamic loss scaling
+
+
+def test_auto_paths_and_unknown_names(tmp_path, monkeypatch, distributed):
+    monkeypatch.chdir(tmp_path)
+    cpu = load_ds_config("cpu", tmp_path, "encoder")
+    assert load_ds_config("auto", tmp_path, "encoder") == cpu  # the CPU accelerator here
+    own = {**cpu, "train_micro_batch_size_per_gpu": 2}
+    (tmp_path / "mine.json").write_text(json.dumps(own))
+    assert load_ds_config("mine.json", tmp_path, "encoder")["train_micro_batch_size_per_gpu"] == 2
+    # a noiser JSON that states its own batch keeps it
+    assert load_ds_config("mine.json", tmp_path, "noiser", batch_from=cpu) == own
+    with pytest.raises(ConfigError) as error:
+        load_ds_config("gpu-bf17", tmp_path, "encoder")
+    assert str(error.value) == (
+        "DeepSpeed config gpu-bf17 is neither a file nor a shipped encoder config "
+        "(cpu, cpu-bf16, gpu-bf16, gpu-fp16, gpu-lamb)"
+    )
+
+
+def test_help_names_every_shipped_config():
+    flags = {
+        "encoder": field_docs(TrainConfig)["deepspeed_config"],
+        "noiser": field_docs(TrainConfig)["noiser_deepspeed_config"],
+        "finetune": field_docs(FinetuneConfig)["deepspeed_config"],
+    }
+    for role, doc in flags.items():
+        assert all(f" {name}" in doc for name in ds_configs.names(role)), role
 
 
 @pytest.mark.parametrize("min_lr_ratio", [0.1, 0.0])

@@ -66,7 +66,9 @@ def build_trainer(
     micro_batch = encoder_ds["train_micro_batch_size_per_gpu"]
     noiser_ds = None
     if config.adversarial:
-        noiser_ds = load_ds_config(config.noiser_deepspeed_config, board_dir, "noiser")
+        noiser_ds = load_ds_config(
+            config.noiser_deepspeed_config, board_dir, "noiser", batch_from=encoder_ds
+        )
         if noiser_ds["train_micro_batch_size_per_gpu"] != micro_batch:
             raise ConfigError(
                 f"DeepSpeed configs {config.deepspeed_config} and {config.noiser_deepspeed_config}"
