@@ -1,6 +1,8 @@
-"""Shipped DeepSpeed configs by short name, their batch settings, and the LR floor."""
+"""Shipped DeepSpeed configs by short name, batch settings, the LR floor, a busy launcher port."""
 
 import json
+import socket
+import subprocess
 
 import pytest
 import torch
@@ -9,7 +11,7 @@ from advpt import ds_configs
 from advpt.config import FinetuneConfig, TrainConfig, field_docs
 from advpt.errors import ConfigError
 from advpt.training.engines import build_engine, current_lr, load_ds_config
-from tests.helpers import REPO, build_tiny_trainer
+from tests.helpers import REPO, build_tiny_trainer, child_env, launcher_command, tiny_run_args
 
 
 @pytest.mark.parametrize(
@@ -86,3 +88,21 @@ def test_min_lr_ratio_reaches_both_engines(tmp_path, distributed):
     for engine in (trainer.encoder, trainer.noiser):
         # one schedule per parameter group (with and without weight decay)
         assert [factor(10**6) for factor in engine.lr_scheduler.lr_lambdas] == [0.25, 0.25]
+
+
+@pytest.mark.slow
+def test_a_busy_launcher_port_is_one_sentence_naming_master_port(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        command = launcher_command(tiny_run_args(tmp_path, tmp_path / "run"), ranks=1)
+        command[command.index("--master_port") + 1] = str(port)
+        result = subprocess.run(
+            command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600
+        )
+    assert result.returncode != 0
+    assert "Traceback" not in result.stdout + result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "advpt" in line]
+    assert line.startswith(f"advpt: error: port {port} of 127.0.0.1 is already in use")
+    assert "--master_port" in line

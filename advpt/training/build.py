@@ -38,7 +38,11 @@ def _free_port() -> int:
 
 
 def init_distributed() -> torch.device:
-    """Join the launcher's process group, or make a group of one without it."""
+    """Join the launcher's process group, or make a group of one without it.
+
+    A port already taken surfaces here, in torch's TCPStore on rank 0 (EADDRINUSE): it becomes
+    one sentence naming the launcher's ``--master_port``.
+    """
     if "RANK" not in os.environ:
         os.environ.update(
             RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
@@ -48,7 +52,16 @@ def init_distributed() -> torch.device:
     backend = (
         "gloo" if accelerator.device_name() == "cpu" else accelerator.communication_backend_name()
     )
-    deepspeed.init_distributed(dist_backend=backend)
+    try:
+        deepspeed.init_distributed(dist_backend=backend)
+    except dist.DistNetworkError as exc:
+        if "EADDRINUSE" not in str(exc):
+            raise
+        raise ConfigError(
+            f"port {os.environ['MASTER_PORT']} of {os.environ['MASTER_ADDR']} is already in use "
+            f"(by another run?): give the deepspeed launcher a free one with --master_port, e.g. "
+            f"--master_port {_free_port()}"
+        ) from None
     local_rank = int(os.environ["LOCAL_RANK"])
     if accelerator.device_name() == "cpu":
         return torch.device("cpu")
