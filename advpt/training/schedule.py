@@ -37,6 +37,16 @@ class AlternatingSchedule:
             self.phase = ENCODER if self.phase == NOISER else NOISER
             self.steps_in_phase = 0
 
+    def steps_until(self, encoder_steps: int) -> int:
+        """Optimizer steps of both phases from the start through encoder step ``encoder_steps``.
+
+        Each started cycle of encoder steps comes after a full noiser phase.
+        """
+        if not self.adversarial:
+            return encoder_steps
+        cycles = -(-encoder_steps // self.encoder_steps)
+        return encoder_steps + cycles * self.noiser_steps
+
     def state_dict(self) -> dict[str, int | str]:
         return {"phase": self.phase, "steps_in_phase": self.steps_in_phase}
 
@@ -61,6 +71,10 @@ class SimultaneousSchedule:
 
     def advance(self) -> None:
         """Nothing to count: the next step is joint again."""
+
+    def steps_until(self, encoder_steps: int) -> int:
+        """Every step is an encoder step (and a noiser step)."""
+        return encoder_steps
 
     def state_dict(self) -> dict[str, str]:
         return {"phase": JOINT}
