@@ -168,11 +168,20 @@ class ScheduleConfig:
     decays to 0, as TAPE does); a scheduler block in a JSON replaces the built-in schedule."""
     noiser_warmup_steps: int = -1
     """Noiser warmup in noiser steps; -1 follows warmup_steps (scaled to the noiser's steps)."""
+    batch_growth: bool = True
+    """The paper's batch schedule: after batch_growth_at x max_steps encoder steps, both models'
+    global batch grows batch_growth_factor-fold through gradient accumulation (the paper: 128
+    for about four fifths of training, then 256). false keeps the DeepSpeed JSONs' batch for
+    the whole run, as a short run wants."""
     batch_growth_at: float = 0.8
     """Fraction of the run after which the global batch grows by batch_growth_factor."""
     batch_growth_factor: int = 2
-    """Global batch multiplier from batch_growth_at on (the paper: 128 -> 256, through gradient
-    accumulation); 1 keeps the batch fixed."""
+    """Global batch multiplier from batch_growth_at on; 1 keeps the batch fixed."""
+
+    @property
+    def growth_factor(self) -> int:
+        """The batch multiplier after batch_growth_at: 1 when batch_growth is off."""
+        return self.batch_growth_factor if self.batch_growth else 1
 
 
 @dataclass

@@ -78,11 +78,17 @@ class Progress:
         """After a validation pass: one line, in both modes."""
         self.latest["val_loss"] = record["val_loss"]
         self.latest["val_step"] = record["encoder_step"]
+        if self.bar is not None:
+            self.bar.set_postfix_str(self._numbers())
         self._print(
             f"validation at encoder step {record['encoder_step']}: loss {record['val_loss']:.4f}, "
             f"accuracy {record['val_accuracy']:.4f}, perplexity {record['val_perplexity']:.2f} "
             f"({record['val_seconds']:.1f} s)"
         )
+
+    def note(self, text: str) -> None:
+        """One line about the run (rank 0, both modes)."""
+        self._print(text)
 
     def close(self) -> None:
         if self.bar is not None:
