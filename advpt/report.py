@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from advpt.training.run_metrics import ReportError
+from advpt.errors import ReportError
 from advpt.training.summary import COMPARISON, compare_runs, report_run
 
 

@@ -123,11 +123,13 @@ def launcher_command(args: list[str], ranks: int = 2, script: str = "advpt/train
     return [launcher, "--num_gpus", str(ranks), "--master_port", str(free_port()), script, *args]
 
 
-def launch(args: list[str], ranks: int = 2, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``advpt/train.py ARGS`` through the deepspeed launcher and wait for it."""
+def launch(
+    args: list[str], ranks: int = 2, timeout: float = 600, cwd: Path = REPO
+) -> subprocess.CompletedProcess:
+    """Run ``advpt/train.py ARGS`` through the deepspeed launcher in ``cwd`` and wait for it."""
     return subprocess.run(
-        launcher_command(args, ranks),
-        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout,
+        launcher_command(args, ranks, str(REPO / "advpt" / "train.py")),
+        cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 
 

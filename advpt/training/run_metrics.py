@@ -12,9 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
-class ReportError(ValueError):
-    """A run directory whose metrics cannot be summarised."""
+from advpt.errors import ReportError
 
 
 @dataclass
