@@ -177,14 +177,27 @@ class ScheduleConfig:
     encoder_steps: int = 10
     """Encoder optimizer steps per cycle (minimising it)."""
     warmup_steps: int = 10_000
-    """Linear learning-rate warmup in encoder steps, then linear decay to 0 at the last step."""
+    """Linear learning-rate warmup in encoder steps, then linear decay to min_lr_ratio x the
+    peak at the last step."""
+    min_lr_ratio: float = 0.1
+    """Where both models' learning rates end, as a share of their DeepSpeed JSON's peak lr (0
+    decays to 0, as TAPE does); a scheduler block in a JSON replaces the built-in schedule."""
     noiser_warmup_steps: int = -1
     """Noiser warmup in noiser steps; -1 follows warmup_steps (scaled to the noiser's steps)."""
+    batch_growth: bool = True
+    """The paper's batch schedule: after batch_growth_at x max_steps encoder steps, both models'
+    global batch grows batch_growth_factor-fold through gradient accumulation (the paper: 128
+    for about four fifths of training, then 256). false keeps the DeepSpeed JSONs' batch for
+    the whole run, as a short run wants."""
     batch_growth_at: float = 0.8
     """Fraction of the run after which the global batch grows by batch_growth_factor."""
     batch_growth_factor: int = 2
-    """Global batch multiplier from batch_growth_at on (the paper: 128 -> 256, through gradient
-    accumulation); 1 keeps the batch fixed."""
+    """Global batch multiplier from batch_growth_at on; 1 keeps the batch fixed."""
+
+    @property
+    def growth_factor(self) -> int:
+        """The batch multiplier after batch_growth_at: 1 when batch_growth is off."""
+        return self.batch_growth_factor if self.batch_growth else 1
 
 
 @dataclass
@@ -222,10 +235,14 @@ class TrainConfig:
     masking: MaskingConfig = field(default_factory=MaskingConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     run: RunConfig = field(default_factory=RunConfig)
-    deepspeed_config: str = "ds_configs/encoder_cpu.json"
-    """DeepSpeed JSON of the encoder: batch sizes, precision, optimizer, ZeRO."""
-    noiser_deepspeed_config: str = "ds_configs/noiser_cpu.json"
-    """DeepSpeed JSON of the noiser; same train_micro_batch_size_per_gpu as the encoder's."""
+    deepspeed_config: str = "auto"
+    """DeepSpeed JSON of the encoder (batch sizes, precision, optimizer, ZeRO): a file, or a
+    config shipped with advpt: cpu, cpu-bf16, gpu-bf16, gpu-fp16, gpu-lamb; auto is cpu on
+    DeepSpeed's CPU accelerator and gpu-bf16 on a GPU. The global batch is micro-batch x
+    accumulation x ranks unless the JSON fixes train_batch_size."""
+    noiser_deepspeed_config: str = "auto"
+    """DeepSpeed JSON of the noiser: a file, or a shipped config: cpu, gpu; auto is cpu on the
+    CPU accelerator and gpu on a GPU. A JSON without batch settings follows the encoder's."""
 
     def validate(self) -> None:
         """Raise ``ConfigError`` for values that cannot make a run."""
@@ -255,6 +272,7 @@ class TrainConfig:
             (s.noiser_steps > 0, "noiser_steps must be positive"),
             (s.encoder_steps > 0, "encoder_steps must be positive"),
             (s.batch_growth_factor >= 1, "batch_growth_factor must be >= 1"),
+            (0.0 <= s.min_lr_ratio <= 1.0, "min_lr_ratio must be in [0, 1]"),
             (r.log_every > 0, "log_every must be positive"),
             (r.checkpoint_every > 0, "checkpoint_every must be positive"),
             (r.keep_checkpoints >= 1,
@@ -318,8 +336,9 @@ class FinetuneConfig:
     """Encoder preset for --pretrained none."""
     run_dir: str = ""
     """Output directory; empty is runs/finetune/<task>."""
-    deepspeed_config: str = "ds_configs/finetune_cpu.json"
-    """DeepSpeed JSON of the fine-tuning engine."""
+    deepspeed_config: str = "auto"
+    """DeepSpeed JSON of the fine-tuning engine: a file, or a shipped config: cpu, gpu-bf16;
+    auto is cpu on DeepSpeed's CPU accelerator and gpu-bf16 on a GPU."""
     lr: float | None = None
     """Peak learning rate; unset takes the DeepSpeed JSON's."""
     weight_decay: float | None = None
@@ -494,10 +513,17 @@ def _flag_kwargs(setting: _Setting) -> dict[str, Any]:
     return kwargs | {"type": kind}
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Wraps help lines without splitting names such as gpu-bf16 at their hyphens."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def build_parser(root: type) -> argparse.ArgumentParser:
     """A parser with one flag per setting of ``root``, grouped by section, help from the docs."""
     parser = argparse.ArgumentParser(
-        description=inspect.getdoc(root), formatter_class=argparse.RawDescriptionHelpFormatter
+        description=inspect.getdoc(root), formatter_class=_HelpFormatter
     )
     parser.add_argument("--config", help="JSON or YAML run file of these settings (flags win)")
     parser.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)

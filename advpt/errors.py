@@ -39,6 +39,10 @@ def cannot_write(err: OSError, path: str | os.PathLike) -> OutputError:
     return OutputError(f"cannot write {err.filename or path}: {err.strerror or err}")
 
 
+class ReportError(ValueError):
+    """A run directory whose metrics cannot be summarised (``advpt.report``)."""
+
+
 def shorten(value: object, limit: int = 80) -> str:
     """``repr(value)`` cut to at most ``limit`` characters, so that a message stays one line.
 

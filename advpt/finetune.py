@@ -1,7 +1,7 @@
 """Fine-tune a pre-trained encoder on one TAPE task and score it as the paper's Table 2 does.
 
     python -m advpt.finetune --task secondary_structure --data_dir data/tape --pretrained RUN
-    deepspeed advpt/finetune.py --deepspeed_config ds_configs/finetune.json --task ... (GPUs)
+    deepspeed advpt/finetune.py --deepspeed_config gpu-bf16 --task ... (GPUs)
 
 ``--pretrained`` is an advpt run directory, an ``advpt.export`` directory, a TAPE
 ``save_pretrained`` directory, a Hugging Face ESM-2 directory (``EsmForMaskedLM`` or
@@ -211,7 +211,8 @@ class Finetuner:
         self.eval_every = config.eval_every or self.steps_per_epoch
         model = TaskModel(encoder, self.spec.kind, self.spec.num_labels, head_config(config))
         warmup = round(config.warmup_fraction * self.total_steps)
-        self.engine = build_engine(model, self.ds_config, warmup, self.total_steps)
+        # TAPE's fine-tuning schedule decays to 0 (no floor, unlike pre-training's min_lr_ratio)
+        self.engine = build_engine(model, self.ds_config, warmup, self.total_steps, 0.0)
 
     def _evaluate(self, split: str) -> dict[str, float]:
         return evaluate(

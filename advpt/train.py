@@ -23,12 +23,14 @@ from advpt.errors import (  # noqa: E402
     ConfigError,
     DataError,
     OutputError,
+    ReportError,
     debug_requested,
     report,
 )
 from advpt.training.build import build_trainer, init_distributed  # noqa: E402
 from advpt.training.checkpoint import checkpoint_tag  # noqa: E402
 from advpt.training.preemption import EXIT_STOPPED, StopSignals  # noqa: E402
+from advpt.training.summary import report_run  # noqa: E402
 from advpt.training.trainer import NonFiniteError, Trainer  # noqa: E402
 
 
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, DataError, CheckpointError) as exc:
             return report(exc, EXIT_BAD_INPUT, debug)
         try:
-            final = trainer.train()
+            trainer.train()
         except DataError as exc:  # this rank's share of the data turned unreadable mid-run
             return report(exc, EXIT_BAD_INPUT, debug, this_rank_only=True)
         except (ConfigError, CheckpointError, OutputError) as exc:
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         except NonFiniteError as exc:
             return report(exc, EXIT_NUMERICAL, debug)
         if trainer.is_main:
-            _print_summary(trainer, final)
+            _print_summary(trainer)
         # Every rank leaves together: the launcher ends the others when one exits.
         dist.barrier()
         dist.destroy_process_group()
@@ -75,7 +77,8 @@ def _check_run_dir(config: TrainConfig) -> None:
         )
 
 
-def _print_summary(trainer: Trainer, final: dict) -> None:
+def _print_summary(trainer: Trainer) -> None:
+    """How the run ended, its summary (``python -m advpt.report``) and where everything is."""
     run_dir = trainer.run_dir
     if trainer.stopped_by:
         tag = checkpoint_tag(trainer.counters.step)
@@ -83,14 +86,14 @@ def _print_summary(trainer: Trainer, final: dict) -> None:
             f"\nstopped by {trainer.stopped_by} after step {trainer.counters.step}; checkpoint "
             f"{tag} is saved: continue with --resume (exit code {EXIT_STOPPED})"
         )
-    print(f"\nrun directory:   {run_dir}")
-    print(f"checkpoints:     {run_dir / 'checkpoints'}")
-    print(f"metrics:         {run_dir / 'metrics.jsonl'}")
-    print(f"tensorboard:     tensorboard --logdir {run_dir / 'tensorboard'}")
-    if "val_loss" in final:
-        print(
-            f"validation:      loss {final['val_loss']:.4f}, accuracy {final['val_accuracy']:.4f}"
-        )
+    try:
+        summary = report_run(run_dir)
+    except (ReportError, OSError) as exc:
+        summary = f"advpt: no summary of {run_dir}: {exc}"
+    print(f"\n{summary}")
+    print(f"  checkpoints      {run_dir / 'checkpoints'}")
+    print(f"  metrics          {run_dir / 'metrics.jsonl'}")
+    print(f"  tensorboard      tensorboard --logdir {run_dir / 'tensorboard'}")
 
 
 if __name__ == "__main__":

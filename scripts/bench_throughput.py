@@ -133,7 +133,7 @@ def build(args, mode: str, cell: dict, work: Path, device: torch.device):
     """The trainer of one combination (``cell``: precision, checkpointing, micro, zero, global).
 
     The noiser gets the encoder's micro-batch and accumulation, in fp32 at ZeRO 0 (the GRU
-    stays in fp32, as in ds_configs/noiser.json).
+    stays in fp32, as in the shipped advpt/ds_configs/noiser/gpu.json).
     """
     cuda = device.type == "cuda"
     work.mkdir(parents=True, exist_ok=True)

@@ -232,9 +232,9 @@ quickstart() { # quickstart NAME ENCODER_CONFIG [train.py flags]: a short real p
 }
 
 if [ "$CPU" = 1 ]; then # tiny sizes, CPU configs (fp16 does not run on a CPU: bf16 instead)
-    BF16_CONFIG=ds_configs/encoder_cpu_bf16.json
-    FP16_CONFIG=ds_configs/encoder_cpu_bf16.json
-    NOISER_CONFIG=ds_configs/noiser_cpu.json
+    BF16_CONFIG=cpu-bf16
+    FP16_CONFIG=cpu-bf16
+    NOISER_CONFIG=cpu
     QUICKSTART=(--encoder tiny --noiser tiny --max_length 64 --max_steps 4 --warmup_steps 1
         --noiser_steps 2 --encoder_steps 2 --log_every 2 --eval_every 4 --val_max_batches 2
         --checkpoint_every 4 --num_workers 1)
@@ -243,9 +243,9 @@ if [ "$CPU" = 1 ]; then # tiny sizes, CPU configs (fp16 does not run on a CPU: b
     BENCH=(--cpu --preset tiny --max_length 64 --workers 1)
     MICRO=8 MICROS=(8 16) GLOBAL=32 CAP=(--max_micro_batch 16)
 else # the paper's sizes and the GPU configs
-    BF16_CONFIG=ds_configs/encoder.json
-    FP16_CONFIG=ds_configs/encoder_fp16.json
-    NOISER_CONFIG=ds_configs/noiser.json
+    BF16_CONFIG=gpu-bf16
+    FP16_CONFIG=gpu-fp16
+    NOISER_CONFIG=gpu
     QUICKSTART=(--encoder tape-base --noiser paper --max_length 512 --max_steps 20
         --warmup_steps 5 --log_every 5 --eval_every 20 --val_max_batches 8 --checkpoint_every 20
         --num_workers 2)

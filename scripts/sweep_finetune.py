@@ -4,7 +4,7 @@
         --encoder random=runs/random --encoder adversarial=runs/adversarial \\
         [--tasks secondary_structure ...] [--lrs 1e-4 5e-5] [--batch_sizes 32 64] \\
         [--weight_decays 0 0.01] [--seeds 5] [--launcher "deepspeed --num_gpus 8"] \\
-        [-- any other advpt.finetune flags, e.g. --deepspeed_config ds_configs/finetune.json]
+        [-- any other advpt.finetune flags, e.g. --deepspeed_config gpu-bf16]
 
 For every encoder and task: one fine-tuning run (seed 0) per grid point of learning rate x batch
 size x weight decay; the point with the best validation score is chosen (per encoder and task,

@@ -133,12 +133,21 @@ def launcher_command(args: list[str], ranks: int = 2, script: str = "advpt/train
     return [launcher, "--num_gpus", str(ranks), "--master_port", str(free_port()), script, *args]
 
 
-def launch(args: list[str], ranks: int = 2, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``advpt/train.py ARGS`` through the deepspeed launcher and wait for it."""
+def launch(
+    args: list[str], ranks: int = 2, timeout: float = 600, cwd: Path = REPO
+) -> subprocess.CompletedProcess:
+    """Run ``advpt/train.py ARGS`` through the deepspeed launcher in ``cwd`` and wait for it."""
     return subprocess.run(
-        launcher_command(args, ranks),
-        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout,
+        launcher_command(args, ranks, str(REPO / "advpt" / "train.py")),
+        cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
+
+
+def without_wall_clock(records: list[dict]) -> list[dict]:
+    """Logged rows without what depends on the wall clock: what a resumed run must reproduce."""
+    from advpt.training.monitor import WALL_CLOCK_KEYS
+
+    return [{k: v for k, v in r.items() if k not in WALL_CLOCK_KEYS} for r in records]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

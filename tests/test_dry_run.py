@@ -17,8 +17,8 @@ checked finite, under ``torch.cuda.set_sync_debug_mode("error")``, which raises 
 Each test drives the code the trainer runs: the collate and ``Batch.to``, a micro-step of each
 phase through ``advpt.training.objective`` with the modules in place of the DeepSpeed engines
 (which cannot be built on ``meta``), the metrics, validation, and the fine-tuning heads. The
-models get the dtypes the GPU configs give them (``ds_configs/encoder.json`` bf16,
-``encoder_fp16.json`` fp16, ``noiser.json`` fp32, ``finetune.json`` bf16), cast the way DeepSpeed
+models get the dtypes the shipped GPU configs give them (``encoder/gpu-bf16`` bf16,
+``encoder/gpu-fp16`` fp16, ``noiser/gpu`` fp32, ``finetune/gpu-bf16`` bf16), cast the way DeepSpeed
 casts them: parameters only, buffers stay float32.
 """
 
@@ -109,8 +109,10 @@ def hot_loop(device: torch.device):
 
 
 def config_dtype(name: str) -> torch.dtype:
-    """The parameter dtype DeepSpeed gives a model under ``ds_configs/<name>.json``."""
-    config = DeepSpeedConfig(json.loads((REPO / "ds_configs" / f"{name}.json").read_text()))
+    """The parameter dtype DeepSpeed gives a model under ``advpt/ds_configs/<name>.json``."""
+    shipped = json.loads((REPO / "advpt" / "ds_configs" / f"{name}.json").read_text())
+    # a noiser config states no batch size (it follows the encoder's); DeepSpeed wants one
+    config = DeepSpeedConfig({"train_micro_batch_size_per_gpu": 1, **shipped})
     if config.float16_config.enabled:
         return torch.float16
     return torch.bfloat16 if config.bfloat16_config.enabled else torch.float32
@@ -173,21 +175,23 @@ def moved(batch: Batch, device: torch.device) -> Batch:
 # Each case: the training variant (advpt.config.VARIANTS), the phase, the encoder's DeepSpeed
 # config, and extra flags.
 CASES = {
-    "alternating-noiser-bf16": ("alternating", NOISER, "encoder", []),
-    "alternating-encoder-bf16": ("alternating", ENCODER, "encoder", []),
+    "alternating-noiser-bf16": ("alternating", NOISER, "encoder/gpu-bf16", []),
+    "alternating-encoder-bf16": ("alternating", ENCODER, "encoder/gpu-bf16", []),
     "alternating-noiser-checkpointed": (
-        "alternating", NOISER, "encoder", ["--activation_checkpointing", "1"]
+        "alternating", NOISER, "encoder/gpu-bf16", ["--activation_checkpointing", "1"]
     ),
-    "simultaneous-joint-fp16": ("simultaneous", JOINT, "encoder_fp16", []),
+    "simultaneous-joint-fp16": ("simultaneous", JOINT, "encoder/gpu-fp16", []),
     "simultaneous-transformer-noiser": (
-        "simultaneous", JOINT, "encoder", ["--noiser_arch", "transformer"]
+        "simultaneous", JOINT, "encoder/gpu-bf16", ["--noiser_arch", "transformer"]
     ),
-    "importance-noiser-bf16": ("importance", NOISER, "encoder", ["--noiser_context_only"]),
-    "importance-encoder-fp16": ("importance", ENCODER, "encoder_fp16", []),
-    "random-encoder-bf16": ("random", ENCODER, "encoder", []),
-    "alternating-noiser-esm2-bf16": ("alternating", NOISER, "encoder", ["--encoder", "esm2_tiny"]),
+    "importance-noiser-bf16": ("importance", NOISER, "encoder/gpu-bf16", ["--noiser_context_only"]),
+    "importance-encoder-fp16": ("importance", ENCODER, "encoder/gpu-fp16", []),
+    "random-encoder-bf16": ("random", ENCODER, "encoder/gpu-bf16", []),
+    "alternating-noiser-esm2-bf16": (
+        "alternating", NOISER, "encoder/gpu-bf16", ["--encoder", "esm2_tiny"]
+    ),
     "simultaneous-joint-esm2-fp16": (
-        "simultaneous", JOINT, "encoder_fp16", ["--encoder", "esm2_tiny"]
+        "simultaneous", JOINT, "encoder/gpu-fp16", ["--encoder", "esm2_tiny"]
     ),
 }  # fmt: skip
 
@@ -211,7 +215,7 @@ def test_a_micro_step_of_each_phase_stays_on_the_device(device: str, case: str):
         noiser = build_noiser(
             m.noiser_arch, "tiny", vocab, m.noiser_bidirectional, m.noiser_context_only
         )
-        noiser = place(noiser, device, "noiser")
+        noiser = place(noiser, device, "noiser/gpu")
     objective = AdversarialObjective(
         config.masking, config.importance, config.schedule.reversal_scale, vocab
     )
@@ -255,7 +259,7 @@ def test_validation_stays_on_the_device(device: str):
     device = torch.device(device)
     config = parse_config(VARIANTS["random"])
     torch.manual_seed(0)
-    encoder = place(MaskedLanguageModel(ENCODER_PRESETS["tiny"]), device, "encoder")
+    encoder = place(MaskedLanguageModel(ENCODER_PRESETS["tiny"]), device, "encoder/gpu-bf16")
     batches = collated_batches(config, TAPE)
     with hot_loop(device):  # the host sync comes once, after the loop: sums.tolist()
         sums = validation_sums(encoder, batches, device)
@@ -272,7 +276,8 @@ def test_a_fine_tuning_step_stays_on_the_device(device: str, kind: str, pooling:
     device = torch.device(device)
     torch.manual_seed(0)
     encoder = MaskedLanguageModel(ENCODER_PRESETS["tiny"]).encoder
-    model = place(TaskModel(encoder, kind, 3, HeadConfig(16, 0.0, pooling)), device, "finetune")
+    model = TaskModel(encoder, kind, 3, HeadConfig(16, 0.0, pooling))
+    model = place(model, device, "finetune/gpu-bf16")
     rng = np.random.default_rng(0)
     tokens = [np.r_[2, rng.integers(5, 30, n), 3] for n in (17, 9, 12)]
     targets = {

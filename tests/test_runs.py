@@ -4,25 +4,21 @@ import json
 
 import pytest
 
+from advpt.training.run_metrics import load_run
+from advpt.training.summary import summarize
 from tests.helpers import (
     bundled_clusters,
     launch,
     read_metrics,
     run_module,
     tiny_run_args,
+    without_wall_clock,
     write_ds_config,
 )
 
-# Everything a run logs that is not wall-clock time.
-TIMING_KEYS = {"tokens_per_s", "val_seconds"}
-
 
 def _deterministic(records: list[dict], after_step: int) -> list[dict]:
-    return [
-        {k: v for k, v in r.items() if k not in TIMING_KEYS}
-        for r in records
-        if r["step"] > after_step
-    ]
+    return without_wall_clock([r for r in records if r["step"] > after_step])
 
 
 def test_stopped_and_resumed_run_matches_an_uninterrupted_one(tmp_path):
@@ -87,24 +83,56 @@ def test_fresh_run_refuses_to_overwrite_and_bad_configs_are_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_rank_run_through_the_deepspeed_launcher(tmp_path):
-    # Raw data and a cluster mapping with a fresh cache: one rank prepares the dataset and the
-    # cluster index while the other waits, then both train on the memory-mapped copy.
+def test_two_rank_run_from_another_directory_with_the_shipped_configs(tmp_path):
+    """The shipped cpu configs by short name, unchanged on two ranks, started outside the
+    checkout with its output going to a file: plain progress lines over both phases, validation
+    lines and one summary, all from rank 0 only. The data is raw with a cluster mapping and a
+    fresh cache: one rank prepares the dataset and the cluster index while the other waits,
+    then both train on the memory-mapped copy."""
     run_dir, cache = tmp_path / "dp", tmp_path / "cache"
-    args = tiny_run_args(tmp_path, run_dir, world=2) + [
+    args = tiny_run_args(tmp_path, run_dir) + [
         "--max_steps", "4", "--noiser_steps", "2", "--encoder_steps", "2", "--log_every", "2",
         "--eval_every", "4", "--checkpoint_every", "4", "--num_workers", "0",
-        "--data_cache", str(cache), "--clusters", str(bundled_clusters(tmp_path / "c.tsv")),
-        "--sample_by", "cluster",
+        "--batch_growth", "false", "--data_cache", str(cache),
+        "--clusters", str(bundled_clusters(tmp_path / "c.tsv")), "--sample_by", "cluster",
     ]  # fmt: skip
-    result = launch(args)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    output = result.stdout + result.stderr
-    assert output.count("advpt: preparing") == 1 and output.count("advpt: matching") == 1
+    args[args.index("--deepspeed_config") + 1] = "cpu"
+    args[args.index("--noiser_deepspeed_config") + 1] = "auto"
+    result = launch(args, cwd=tmp_path)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    assert "Traceback" not in out and "\r" not in out
+    assert out.count("advpt: preparing") == 1 and out.count("advpt: matching") == 1
     assert len(list(cache.iterdir())) == 2  # the dataset and its cluster index
+    lines = out.splitlines()
+    batch = "[advpt] global batch 32 sequences = micro-batch 16 x 1 accumulation step(s) x 2 "
+    assert [line for line in lines if line.startswith("[advpt] global")] == [
+        batch + "rank(s), for the whole run"
+    ]
+    progress = [line.split(" | ")[0] for line in lines if line.startswith("[advpt] step")]
+    assert progress == [
+        "[advpt] step 2/8 (25%), encoder step 0/4, noiser phase",
+        "[advpt] step 4/8 (50%), encoder step 2/4, encoder phase",
+        "[advpt] step 6/8 (75%), encoder step 2/4, noiser phase",
+        "[advpt] step 8/8 (100%), encoder step 4/4, encoder phase",
+    ]
+    assert sum(line.startswith("[advpt] validation at encoder step 4:") for line in lines) == 1
     records = read_metrics(run_dir)
     assert records[-1]["encoder_step"] == 4 and "val_loss" in records[-1]
-    assert {r["encoder_batch_size"] for r in records if "encoder_batch_size" in r} == {16}
+    assert {r["encoder_batch_size"] for r in records if "encoder_batch_size" in r} == {32}
+    assert {r["noiser_batch_size"] for r in records if "noiser_batch_size" in r} == {32}
+    # the summary of the real metrics, printed once and plotted
+    summary = summarize(load_run(run_dir))
+    assert (summary.steps, summary.encoder_steps, summary.noiser_steps, summary.jobs) == (
+        8,
+        4,
+        4,
+        1,
+    )
+    assert summary.final_val == (records[-1]["val_loss"], 4)
+    assert 0 < summary.wall_s <= records[-1]["elapsed_s"] and summary.tokens_per_s > 0
+    assert out.count(f"final val loss   {records[-1]['val_loss']:.4f} at encoder step 4") == 1
+    assert (run_dir / "report.png").is_file()
     # each rank saved its own RNG state beside the engines' checkpoints
     tag = (run_dir / "checkpoints" / "latest").read_text().strip()
     assert sorted(p.name for p in (run_dir / "checkpoints" / "rng" / tag).iterdir()) == [

@@ -10,11 +10,8 @@ import torch.nn.functional as F
 from advpt.models import MaskedLanguageModel
 from advpt.models.encoder import EncoderConfig
 from advpt.tokenizer import TAPE
-from advpt.training.engines import load_ds_config
 from advpt.training.schedule import ENCODER, NOISER
-from tests.helpers import REPO, build_tiny_trainer, launch, read_metrics, tiny_run_args
-
-CONFIGS = REPO / "ds_configs"
+from tests.helpers import build_tiny_trainer, launch, read_metrics, tiny_run_args
 
 
 def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -111,16 +108,6 @@ def test_a_4096_sequence_global_batch_through_accumulation(tmp_path, distributed
     data = iter([trainer.stream[i] for i in range(64)])
     trainer._optimizer_step(data)
     assert trainer.encoder.global_steps == 1 and trainer.counters.micro_batches == 64
-
-
-@pytest.mark.parametrize(
-    "name", ["encoder.json", "encoder_fp16.json", "encoder_lamb.json", "noiser.json"]
-)
-def test_gpu_configs_are_valid_deepspeed_configs(tmp_path, distributed, name):
-    config = load_ds_config(str(CONFIGS / name), tmp_path, "job")
-    assert config["train_micro_batch_size_per_gpu"] > 0
-    if name == "encoder_fp16.json":
-        assert config["fp16"]["loss_scale"] == 0  # dynamic loss scaling
 
 
 @pytest.mark.slow

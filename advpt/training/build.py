@@ -42,7 +42,11 @@ def _free_port() -> int:
 
 
 def init_distributed() -> torch.device:
-    """Join the launcher's process group, or make a group of one without it."""
+    """Join the launcher's process group, or make a group of one without it.
+
+    A port already taken surfaces here, in torch's TCPStore on rank 0 (EADDRINUSE): it becomes
+    one sentence naming the launcher's ``--master_port``.
+    """
     if "RANK" not in os.environ:
         os.environ.update(
             RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
@@ -52,7 +56,16 @@ def init_distributed() -> torch.device:
     backend = (
         "gloo" if accelerator.device_name() == "cpu" else accelerator.communication_backend_name()
     )
-    deepspeed.init_distributed(dist_backend=backend)
+    try:
+        deepspeed.init_distributed(dist_backend=backend)
+    except dist.DistNetworkError as exc:
+        if "EADDRINUSE" not in str(exc):
+            raise
+        raise ConfigError(
+            f"port {os.environ['MASTER_PORT']} of {os.environ['MASTER_ADDR']} is already in use "
+            f"(by another run?): give the deepspeed launcher a free one with --master_port, e.g. "
+            f"--master_port {_free_port()}"
+        ) from None
     local_rank = int(os.environ["LOCAL_RANK"])
     if accelerator.device_name() == "cpu":
         return torch.device("cpu")
@@ -70,7 +83,9 @@ def build_trainer(
     micro_batch = encoder_ds["train_micro_batch_size_per_gpu"]
     noiser_ds = None
     if config.adversarial:
-        noiser_ds = load_ds_config(config.noiser_deepspeed_config, board_dir, "noiser")
+        noiser_ds = load_ds_config(
+            config.noiser_deepspeed_config, board_dir, "noiser", batch_from=encoder_ds
+        )
         if noiser_ds["train_micro_batch_size_per_gpu"] != micro_batch:
             raise ConfigError(
                 f"DeepSpeed configs {config.deepspeed_config} and {config.noiser_deepspeed_config}"
@@ -129,7 +144,7 @@ def build_engines(
     model = MaskedLanguageModel(encoder_cfg)
     if config.model.init_from:
         init_from(model, config.model.init_from, config.model.encoder)
-    encoder = build_engine(model, encoder_ds, s.warmup_steps, s.max_steps)
+    encoder = build_engine(model, encoder_ds, s.warmup_steps, s.max_steps, s.min_lr_ratio)
     noiser = None
     if config.adversarial:
         m = config.model
@@ -141,7 +156,7 @@ def build_engines(
             m.noiser_arch, m.noiser, encoder_cfg.vocabulary, m.noiser_bidirectional,
             m.noiser_context_only,
         )  # fmt: skip
-        noiser = build_engine(noiser_model, noiser_ds, warmup, total)
+        noiser = build_engine(noiser_model, noiser_ds, warmup, total, s.min_lr_ratio)
         if config.simultaneous and (
             noiser.gradient_accumulation_steps() != encoder.gradient_accumulation_steps()
         ):

@@ -19,23 +19,39 @@ import deepspeed
 import pydantic
 import torch
 import torch.nn as nn
+from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.config import DeepSpeedConfig
 from torch.optim.lr_scheduler import LambdaLR
 
+from advpt import ds_configs
 from advpt.errors import ConfigError, first_line
 
-_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
+# The batch settings of a DeepSpeed JSON; a noiser JSON that states none follows the encoder's.
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
-def load_ds_config(path: str, tensorboard_dir: Path, job_name: str) -> dict[str, Any]:
+def load_ds_config(
+    name: str,
+    tensorboard_dir: Path,
+    job_name: str,
+    batch_from: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Read a DeepSpeed JSON, check its batch arithmetic, and route its TensorBoard output.
 
+    ``name`` is a path, a short name of a shipped config for the role ``job_name`` (encoder,
+    noiser, finetune) or ``auto`` (``advpt.ds_configs``). A JSON stating none of the batch
+    settings takes those of ``batch_from`` (the noiser follows the encoder's micro-batches).
     DeepSpeed's own monitor writes under ``tensorboard_dir`` as ``job_name`` unless the JSON
     names an output path, so each engine's scalars land beside the run's own.
     """
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"DeepSpeed config {path} does not exist")
+    on_cpu = get_accelerator().device_name() == "cpu"
+    file = ds_configs.resolve(name, job_name, on_cpu)
+    if file is None:
+        raise ConfigError(
+            f"DeepSpeed config {name} is neither a file nor a shipped {job_name} config "
+            f"({', '.join(ds_configs.names(job_name))})"
+        )
+    path = str(file)
     try:
         config = json.loads(file.read_text())
     except OSError as exc:
@@ -44,9 +60,11 @@ def load_ds_config(path: str, tensorboard_dir: Path, job_name: str) -> dict[str,
         raise ConfigError(f"DeepSpeed config {path} is not valid JSON: {exc}") from None
     if not isinstance(config, dict):
         raise ConfigError(f"DeepSpeed config {path} must hold a JSON object")
+    if batch_from is not None and not any(key in config for key in BATCH_KEYS):
+        config.update({key: batch_from[key] for key in BATCH_KEYS if key in batch_from})
     if "train_micro_batch_size_per_gpu" not in config:
         raise ConfigError(f"DeepSpeed config {path} must set train_micro_batch_size_per_gpu")
-    for key in _BATCH_KEYS:
+    for key in BATCH_KEYS:
         value = config.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(
@@ -66,7 +84,8 @@ def load_ds_config(path: str, tensorboard_dir: Path, job_name: str) -> dict[str,
     if total is not None and total % (micro * world):
         raise ConfigError(
             f"DeepSpeed config {path}: train_batch_size {total} is not a multiple of "
-            f"train_micro_batch_size_per_gpu {micro} x world size {world}"
+            f"train_micro_batch_size_per_gpu {micro} x world size {world} (leave "
+            "train_batch_size out to get micro-batch x accumulation x ranks on any world size)"
         )
     _check_with_deepspeed(path, config)
     board = config.get("tensorboard")
@@ -100,13 +119,21 @@ def parameter_groups(model: nn.Module) -> list[dict[str, Any]]:
     return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def warmup_linear_decay(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
-    """LR multiplier: linear warmup to 1 over ``warmup_steps``, then linear decay to 0."""
+def warmup_linear_decay(
+    warmup_steps: int, total_steps: int, min_ratio: float
+) -> Callable[[int], float]:
+    """LR multiplier: linear warmup to 1 over ``warmup_steps``, then linear decay to
+    ``min_ratio`` at ``total_steps``, held there after.
+
+    The paper's schedule decays to 0, which spends the last steps of a run (all of a short one's
+    decay) at a learning rate too small to learn anything; a floor keeps them useful.
+    """
 
     def factor(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / warmup_steps
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+        left = max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+        return min_ratio + (1.0 - min_ratio) * left
 
     return factor
 
@@ -150,14 +177,16 @@ def build_engine(
     config: dict[str, Any],
     warmup_steps: int,
     total_steps: int,
+    min_lr_ratio: float,
 ) -> deepspeed.DeepSpeedEngine:
     """Wrap ``model`` in a DeepSpeed engine with a warmup + linear-decay LR schedule.
 
-    A ``scheduler`` block in the JSON takes precedence over the built-in schedule.
+    The learning rate decays to ``min_lr_ratio`` x the JSON's peak ``lr``. A ``scheduler`` block
+    in the JSON takes precedence over the built-in schedule.
     """
     schedule = None
     if "scheduler" not in config:
-        factor = warmup_linear_decay(warmup_steps, total_steps)
+        factor = warmup_linear_decay(warmup_steps, total_steps, min_lr_ratio)
 
         def schedule(optimizer: torch.optim.Optimizer) -> LambdaLR:
             return LambdaLR(optimizer, factor)

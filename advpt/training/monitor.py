@@ -3,7 +3,9 @@
 Between logging steps nothing leaves the device (no ``.item()``), so the hot loop never waits.
 At a logging step one packed ``all_reduce`` sums every counter over the ranks, and rank 0 writes
 the scalars to TensorBoard (``<run_dir>/tensorboard``) and one JSON object per line to
-``<run_dir>/metrics.jsonl``.
+``<run_dir>/metrics.jsonl``. Every line carries its wall-clock time: ``time`` (Unix seconds) and
+``elapsed_s`` (seconds since this job started training; a resumed job starts again from 0), which
+``advpt.report`` adds up job by job.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ _SCALARS = (
 # Adversarial positions by how they were corrupted: [MASK], kept, replaced by any residue.
 _OPTION_GROUPS = ("mask", "keep", "replace")
 _INDEX = {name: i for i, name in enumerate(_SCALARS)}
+# What a logged row holds that depends on the wall clock; everything else is a function of the
+# seed, so a resumed run logs it exactly as an uninterrupted one.
+WALL_CLOCK_KEYS = ("time", "elapsed_s", "tokens_per_s", "val_seconds")
 
 
 def _layout(vocab: Vocabulary) -> dict[str, slice]:
@@ -223,6 +228,7 @@ class MetricsWriter:
     def __init__(self, run_dir: Path, enabled: bool, resume_step: int | None = None):
         self.enabled = enabled
         self.jsonl_path = run_dir / "metrics.jsonl"
+        self.started = time.time()
         self.board: SummaryWriter | None = None
         if not enabled:
             return
@@ -257,14 +263,15 @@ class MetricsWriter:
     def write(self, step: int, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        record = {"step": step, **record}
+        now = time.time()
+        record = {"step": step, "time": now, "elapsed_s": now - self.started, **record}
         try:
             self.jsonl.write(json.dumps(record) + "\n")
             self.jsonl.flush()
         except OSError as err:
             raise cannot_write(err, self.jsonl_path) from err
         for key, value in record.items():
-            if key == "step":
+            if key in ("step", "time", "elapsed_s"):
                 continue
             if isinstance(value, dict):
                 for sub, v in value.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # Phases: one engine's optimizer step, or (JOINT) one step of each from a single pass.
@@ -37,6 +38,16 @@ class AlternatingSchedule:
             self.phase = ENCODER if self.phase == NOISER else NOISER
             self.steps_in_phase = 0
 
+    def steps_until(self, encoder_steps: int) -> int:
+        """Optimizer steps of both phases from the start through encoder step ``encoder_steps``.
+
+        Each started cycle of encoder steps comes after a full noiser phase.
+        """
+        if not self.adversarial:
+            return encoder_steps
+        cycles = -(-encoder_steps // self.encoder_steps)
+        return encoder_steps + cycles * self.noiser_steps
+
     def state_dict(self) -> dict[str, int | str]:
         return {"phase": self.phase, "steps_in_phase": self.steps_in_phase}
 
@@ -61,6 +72,10 @@ class SimultaneousSchedule:
 
     def advance(self) -> None:
         """Nothing to count: the next step is joint again."""
+
+    def steps_until(self, encoder_steps: int) -> int:
+        """Every step is an encoder step (and a noiser step)."""
+        return encoder_steps
 
     def state_dict(self) -> dict[str, str]:
         return {"phase": JOINT}
@@ -88,6 +103,29 @@ def batch_growth(encoder_step: int, max_steps: int, grow_at: float, factor: int)
     The paper trains at batch 128 for about 80% of training, then at 256 via accumulation.
     """
     return factor if encoder_step >= grow_at * max_steps else 1
+
+
+def first_grown_step(max_steps: int, grow_at: float) -> int:
+    """The first encoder step (counted from 1) that :func:`batch_growth` trains grown."""
+    return math.ceil(grow_at * max_steps) + 1
+
+
+def describe_batch(
+    micro: int, accumulation: int, ranks: int, max_steps: int, grow_at: float, factor: int
+) -> str:
+    """One sentence on the global batch, where it comes from and whether it will grow."""
+    batch = micro * accumulation * ranks
+    text = (
+        f"global batch {batch} sequences = micro-batch {micro} x {accumulation} accumulation "
+        f"step(s) x {ranks} rank(s)"
+    )
+    first = first_grown_step(max_steps, grow_at)
+    if factor == 1 or first > max_steps:
+        return text + ", for the whole run"
+    return (
+        f"{text}; from encoder step {first} of {max_steps} it grows to {batch * factor} "
+        "through accumulation (the paper's schedule; --batch_growth false keeps it)"
+    )
 
 
 def noiser_lr_steps(

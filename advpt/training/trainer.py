@@ -33,7 +33,6 @@ import deepspeed
 import torch
 import torch.distributed as dist
 from torch import nn
-from tqdm import tqdm
 
 from advpt.config import TrainConfig
 from advpt.data.collate import Batch
@@ -45,7 +44,15 @@ from advpt.training.engines import current_lr
 from advpt.training.monitor import MetricsAccumulator, MetricsWriter, check_collapse
 from advpt.training.objective import AdversarialObjective, Draw, masked_lm
 from advpt.training.preemption import StopSignals, ignore_in_worker
-from advpt.training.schedule import ENCODER, JOINT, NOISER, batch_growth, make_schedule
+from advpt.training.progress import Progress
+from advpt.training.schedule import (
+    ENCODER,
+    JOINT,
+    NOISER,
+    batch_growth,
+    describe_batch,
+    make_schedule,
+)
 
 MicroStep = Callable[[Batch, bool], MLMOutput]
 
@@ -140,14 +147,11 @@ class Trainer:
         stop_at = cfg.schedule.max_steps
         if cfg.run.stop_after_steps:
             stop_at = min(stop_at, self.counters.encoder_step + cfg.run.stop_after_steps)
-        progress = tqdm(
-            total=cfg.schedule.max_steps,
-            initial=self.counters.encoder_step,
-            desc=f"{cfg.run.mode} pre-training",
-            unit="enc-step",
-            disable=not self.is_main,
-            dynamic_ncols=True,
-        )
+        progress = Progress(
+            self.schedule.steps_until(stop_at), self.counters.step, stop_at,
+            f"{cfg.run.mode} pre-training", enabled=self.is_main,
+        )  # fmt: skip
+        progress.note(self._describe_batch())
         last: dict[str, Any] = {}
         self.metrics = MetricsAccumulator(self.device, self.vocab)
         try:
@@ -159,25 +163,32 @@ class Trainer:
         return last
 
     def _train_step(
-        self, data: Iterator[Batch], writer: MetricsWriter, progress: tqdm, stop_at: int
+        self, data: Iterator[Batch], writer: MetricsWriter, progress: Progress, stop_at: int
     ) -> dict[str, Any] | None:
         """One optimizer step, then whatever logging, validation and saving falls due.
 
         A stop signal received by any rank makes every rank save after this same step.
+        ``progress`` sees every step but only numbers already on the host: those of a logging
+        step or a validation pass.
         """
         cfg = self.config
         self._apply_batch_growth()
         encoder_before = self.counters.encoder_step
         self._optimizer_step(data)
+        progress.step(self._last_phase, self.counters.encoder_step)
         record = None
         if self.counters.step % cfg.run.log_every == 0:
-            record = self._log(writer, progress)
+            record = self._log(writer)
+            progress.logged(record)
         step = self.counters.encoder_step
         encoder_stepped = step != encoder_before
-        if encoder_stepped:
-            progress.update(1)
-            if (cfg.run.eval_every and step % cfg.run.eval_every == 0) or step == stop_at:
-                record = {**(record or {}), **self._evaluate(writer)}
+        if encoder_stepped and (
+            (cfg.run.eval_every and step % cfg.run.eval_every == 0) or step == stop_at
+        ):
+            validation = self._evaluate(writer)
+            if validation:
+                progress.validated(validation)
+            record = {**(record or {}), **validation}
         self.stopped_by = self.stop_signals.agreed()  # a collective, once per optimizer step
         due = encoder_stepped and (step % cfg.run.checkpoint_every == 0 or step == stop_at)
         if due or self.stopped_by:
@@ -189,7 +200,7 @@ class Trainer:
     def _apply_batch_growth(self) -> None:
         s = self.config.schedule
         factor = batch_growth(
-            self.counters.encoder_step, s.max_steps, s.batch_growth_at, s.batch_growth_factor
+            self.counters.encoder_step, s.max_steps, s.batch_growth_at, s.growth_factor
         )
         for name, engine in self.engines.items():
             target = self.base_batch[name] * factor
@@ -314,7 +325,17 @@ class Trainer:
 
     # ----------------------------------------------------------------- reporting
 
-    def _log(self, writer: MetricsWriter, progress: tqdm) -> dict[str, Any]:
+    def _describe_batch(self) -> str:
+        """The global batch, where it comes from, and when it grows (said at the start)."""
+        s = self.config.schedule
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        micro = self.encoder.train_micro_batch_size_per_gpu()
+        accumulation = self.base_batch["encoder"] // (micro * world)
+        return describe_batch(
+            micro, accumulation, world, s.max_steps, s.batch_growth_at, s.growth_factor
+        )
+
+    def _log(self, writer: MetricsWriter) -> dict[str, Any]:
         record: dict[str, Any] = {
             "phase": self._last_phase,  # of the step just taken
             "encoder_step": self.counters.encoder_step,
@@ -333,8 +354,6 @@ class Trainer:
                 record[f"{name}_grad_norm"] = float(norm)
         check_collapse(record, self.config.masking.collapse_entropy_threshold, warn=self.is_main)
         writer.write(self.counters.step, record)
-        shown = {k: f"{record[k]:.3f}" for k in ("encoder_loss", "noiser_loss") if k in record}
-        progress.set_postfix(**shown, tok_s=f"{record['tokens_per_s']:.0f}")
         return record
 
     def _evaluate(self, writer: MetricsWriter) -> dict[str, Any]:

@@ -1,0 +1,129 @@
+"""The run summary (python -m advpt.report) on hand-written metrics files: the edge cases."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from advpt.report import main
+from advpt.training.run_metrics import load_run
+from advpt.training.summary import compare_runs, format_duration, report_run, summarize
+from tests.helpers import REPO, child_env
+
+
+def _write_run(run_dir, rows, mode="adversarial", tail=""):
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps({"run": {"mode": mode}}))
+    text = "".join(json.dumps(r) + "\n" for r in rows) + tail
+    (run_dir / "metrics.jsonl").write_text(text)
+    return run_dir
+
+
+def _train(step, enc, noi, phase, elapsed, adv=3.0, rnd=2.9, tokens_per_s=100.0):
+    row = {"step": step, "encoder_step": enc, "noiser_step": noi, "phase": phase,
+           f"{phase}_loss": 3.0, "random_loss": rnd, "tokens_per_s": tokens_per_s,
+           "time": 1.7e9 + elapsed, "elapsed_s": elapsed}  # fmt: skip
+    if adv is not None:
+        row |= {"adversarial_loss": adv, "mask_entropy": 0.9, "option_mask_share": 0.8,
+                "option_keep_share": 0.1, "option_replace_share": 0.1}  # fmt: skip
+    return row
+
+
+def _val(step, enc, loss, elapsed):
+    return {"step": step, "encoder_step": enc, "val_loss": loss, "time": 1.7e9 + elapsed,
+            "elapsed_s": elapsed}  # fmt: skip
+
+
+def _resumed_adversarial_run(tmp_path):
+    """Two jobs: the second restarted its clock after step 4 (a resume)."""
+    rows = [
+        _train(2, 0, 2, "noiser", 10.0, adv=3.5, rnd=3.4),
+        _train(4, 2, 2, "encoder", 20.0, adv=3.2, rnd=3.1, tokens_per_s=300.0),
+        _val(4, 2, 3.05, 25.0),
+        _train(6, 2, 4, "noiser", 5.0, adv=3.6, rnd=3.3, tokens_per_s=300.0),  # job 2 starts
+        _train(8, 4, 4, "encoder", 15.0, adv=2.6, rnd=2.8),
+        _val(8, 4, 3.10, 18.0),
+    ]
+    return _write_run(tmp_path / "adv", rows, tail='{"step": 9, "pha')  # killed mid-line
+
+
+def test_summary_of_a_resumed_adversarial_run(tmp_path):
+    s = summarize(load_run(_resumed_adversarial_run(tmp_path)))
+    assert s.wall_s == pytest.approx(25.0 + 18.0) and s.jobs == 2
+    assert (s.steps, s.encoder_steps, s.noiser_steps) == (8, 4, 4)
+    assert s.best_val == (3.05, 2) and s.final_val == (3.10, 4)
+    # the noiser-phase rows are left out: the encoder's view of its positions
+    assert s.adversarial_loss == pytest.approx(2.6) and s.random_loss == pytest.approx(2.8)
+    # windows of 10 s each (the third spans the resume) at 100, 300, 300 and 100 tokens/s
+    assert s.tokens_per_s == pytest.approx(200.0)
+
+
+def test_report_text_and_plot_of_one_run(tmp_path):
+    run_dir = _resumed_adversarial_run(tmp_path)
+    text = report_run(run_dir)
+    assert "43s of training in 2 jobs" in text
+    assert "8 optimizer steps: 4 encoder + 4 noiser" in text
+    assert "best val loss    3.0500 at encoder step 2" in text
+    assert "final val loss   3.1000 at encoder step 4" in text
+    assert "adversarial 2.6000, random 2.8000: the noiser's positions are easier" in text
+    assert (run_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_random_run_without_validation_or_timestamps(tmp_path):
+    rows = [_train(s, s, 0, "encoder", s, adv=None, tokens_per_s=tps)
+            for s, tps in ((1, 200.0), (2, 100.0), (3, 200.0))]  # fmt: skip
+    for row in rows:
+        del row["time"], row["elapsed_s"]
+    run_dir = _write_run(tmp_path / "rnd", rows, mode="random")
+    text = report_run(run_dir)
+    assert "3 encoder optimizer steps" in text
+    assert "wall time        - (metrics.jsonl has no timestamps)" in text
+    assert "best val loss    -" in text
+    assert "random 2.9000 (only one kind of position in this run)" in text
+    assert "tokens/s         167" in text  # the plain mean of 200, 100, 200 without timestamps
+    assert (run_dir / "report.png").is_file()  # the noiser panel says there is no noiser
+
+
+def test_comparison_table_and_plot(tmp_path, capsys):
+    adv = _resumed_adversarial_run(tmp_path)
+    rnd = _write_run(tmp_path / "rnd", [_train(4, 4, 0, "encoder", 9.0, adv=None),
+                                        _val(4, 4, 2.9, 12.0)], mode="random")  # fmt: skip
+    assert main([str(adv), str(rnd)]) == 0  # no --out: the table only, and how to write it
+    printed = capsys.readouterr().out
+    assert "| adv | adversarial | 43s | 4 | " in printed
+    assert "| rnd | random | 12s | 4 | 100 | 2.9000 (4) | 2.9000 (4) | - / 2.9000 |" in printed
+    assert "pass --out DIR" in printed and not (tmp_path / "cmp").exists()
+    text = compare_runs([str(adv), str(rnd)], str(tmp_path / "cmp"))
+    assert (tmp_path / "cmp" / "comparison.md").read_text().strip() in text
+    assert (tmp_path / "cmp" / "comparison.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_run_directories_are_one_sentence(tmp_path, capsys):
+    assert main([str(tmp_path / "missing")]) == 2
+    assert "missing/metrics.jsonl does not exist" in capsys.readouterr().err
+    broken = _write_run(tmp_path / "broken", [_train(1, 1, 0, "encoder", 1.0)], tail="{oops\n")
+    (broken / "metrics.jsonl").write_text((broken / "metrics.jsonl").read_text() + "{}\n")
+    assert main([str(broken)]) == 2
+    assert "broken/metrics.jsonl line 2 is not JSON" in capsys.readouterr().err
+    assert main([str(_write_run(tmp_path / "empty", []))]) == 2
+    assert "holds no metrics yet" in capsys.readouterr().err
+
+
+def test_without_matplotlib_the_numbers_still_print(tmp_path):
+    run_dir = _resumed_adversarial_run(tmp_path)
+    hide = "import sys; sys.modules['matplotlib'] = None; from advpt.report import main; "
+    result = subprocess.run(
+        [sys.executable, "-c", hide + f"sys.exit(main([{str(run_dir)!r}]))"],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "best val loss    3.0500" in result.stdout
+    assert result.stdout.strip().endswith("(plots need matplotlib: pip install advpt[plots])")
+    assert not (run_dir / "report.png").exists()
+
+
+def test_durations_read_like_a_clock():
+    assert [format_duration(s) for s in (None, 4.4, 62, 3 * 3600 + 5)] == [
+        "-", "4s", "1m 02s", "3h 00m 05s",
+    ]  # fmt: skip
