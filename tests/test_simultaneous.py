@@ -86,8 +86,8 @@ def test_reverse_gradient_is_identity_forward_and_negated_scaled_backward():
 def test_simultaneous_run_steps_both_engines_every_step(tmp_path, distributed):
     trainer = build_tiny_trainer(
         tmp_path, "--schedule", "simultaneous", "--max_steps", "4", "--log_every", "1",
-        "--noiser_steps", "5", zero_optimization={"stage": 2}, bf16={"enabled": True},
-        accumulation=2,
+        "--noiser_steps", "5", "--min_lr_ratio", "0",
+        zero_optimization={"stage": 2}, bf16={"enabled": True}, accumulation=2,
     )  # fmt: skip
     encoder = {n: p.detach().clone() for n, p in trainer.encoder.module.named_parameters()}
     noiser = {n: p.detach().clone() for n, p in trainer.noiser.module.named_parameters()}
