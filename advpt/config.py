@@ -505,7 +505,8 @@ def _flag_kwargs(setting: _Setting) -> dict[str, Any]:
     """argparse arguments of one setting; values stay unset (None) unless given."""
     kind, _ = _optional(setting.kind)
     default = "unset" if setting.default is None else setting.default
-    kwargs: dict[str, Any] = {"default": None, "help": f"{setting.help} [default: {default}]"}
+    text = f"{setting.help} [default: {default}]".replace("%", "%%")  # argparse %-formats help
+    kwargs: dict[str, Any] = {"default": None, "help": text}
     if kind is bool:  # a bare --flag means true
         return kwargs | {"type": _parse_bool, "nargs": "?", "const": True, "metavar": "BOOL"}
     if get_origin(kind) is Literal:  # checked by _typed, so the message is the run file's

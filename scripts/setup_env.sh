@@ -23,10 +23,10 @@ if ! python -c "import torch" >/dev/null 2>&1; then
     python -m pip install --quiet "${ADVPT_TORCH:-torch==2.13.0}"
 fi
 if ! python -c "import advpt, deepspeed, pytest, ruff" >/dev/null 2>&1 \
-    || [ pyproject.toml -nt .venv/.advpt-installed ]; then
+    || [ pyproject.toml -nt "$VIRTUAL_ENV/.advpt-installed" ]; then
     echo "[advpt] installing advpt and its dependencies"
     python -m pip install --quiet -e ".[dev]"
-    touch .venv/.advpt-installed 2>/dev/null || true
+    touch "$VIRTUAL_ENV/.advpt-installed" 2>/dev/null || true
 fi
 
 # Without a GPU, DeepSpeed runs on the CPU accelerator (gloo, CPU configs).
