@@ -16,6 +16,7 @@ if __package__ in (None, ""):
 import torch.distributed as dist  # noqa: E402
 
 from advpt.config import TrainConfig, parse_config  # noqa: E402
+from advpt.data.unigram import residue_counts, unigram_entropy  # noqa: E402
 from advpt.errors import (  # noqa: E402
     EXIT_BAD_INPUT,
     EXIT_NUMERICAL,
@@ -91,6 +92,9 @@ def _print_summary(trainer: Trainer) -> None:
     except (ReportError, OSError) as exc:
         summary = f"advpt: no summary of {run_dir}: {exc}"
     print(f"\n{summary}")
+    view = trainer.stream.view
+    entropy = unigram_entropy(residue_counts(view.dataset, view.selection, view.vocab))
+    print(f"  unigram entropy  {entropy:.4f} nats, the val loss of a model that ignores context")
     print(f"  checkpoints      {run_dir / 'checkpoints'}")
     print(f"  metrics          {run_dir / 'metrics.jsonl'}")
     print(f"  tensorboard      tensorboard --logdir {run_dir / 'tensorboard'}")

@@ -7,6 +7,7 @@ import typing
 import pytest
 
 from advpt.config import (
+    VARIANTS,
     EncoderPreset,
     FinetuneConfig,
     NoiserPreset,
@@ -144,3 +145,10 @@ def test_finetune_settings_share_the_style(tmp_path):
     run_file = tmp_path / "ft.yaml"
     run_file.write_text("lr: null\nepochs: 2\n")
     assert parse_finetune_config(["--config", str(run_file)]).lr is None
+
+
+def test_every_training_variant_is_a_valid_set_of_flags():
+    for name, flags in VARIANTS.items():
+        config = parse_config(flags)
+        assert config.run.mode == ("random" if name.startswith("random") else "adversarial")
+        assert sum(config.masking_rates()) == pytest.approx(0.15 if name == "random-15" else 0.2)

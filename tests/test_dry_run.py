@@ -44,7 +44,7 @@ from advpt.tasks import IGNORE_LABEL, PER_RESIDUE, PER_SEQUENCE, REGRESSION
 from advpt.tokenizer import TAPE, Vocabulary
 from advpt.training.monitor import MetricsAccumulator
 from advpt.training.objective import AdversarialObjective
-from advpt.training.schedule import ENCODER, JOINT, NOISER
+from advpt.training.schedule import ENCODER, JOINT, NOISER, RANDOM
 from advpt.training.trainer import validation_sums
 from tests.helpers import REPO
 
@@ -193,6 +193,7 @@ CASES = {
     "simultaneous-joint-esm2-fp16": (
         "simultaneous", JOINT, "encoder/gpu-fp16", ["--encoder", "esm2_tiny"]
     ),
+    "warmup-random-bf16": ("context-warmup", RANDOM, "encoder/gpu-bf16", []),
 }  # fmt: skip
 
 
@@ -229,6 +230,8 @@ def test_a_micro_step_of_each_phase_stays_on_the_device(device: str, case: str):
                 out, draw = objective.encoder_backward(
                     noiser, encoder, batch, torch.Tensor.backward
                 )
+            elif phase == RANDOM:  # the random-only warm-up: no noiser draw
+                out, draw = objective.random_backward(encoder, batch, torch.Tensor.backward), None
             else:
                 out, draw = objective.joint_backward(
                     noiser, encoder, batch, torch.Tensor.backward, torch.Tensor.backward
@@ -239,8 +242,10 @@ def test_a_micro_step_of_each_phase_stays_on_the_device(device: str, case: str):
         expected = 5 if draw is None else 11 + (variant == "importance")
         assert check_tensors((out, draw, metrics.counters), device) == expected
         assert out.loss.dtype == torch.float32 and out.positions.shape == (batch.num_masked,)
-        assert (draw is None) == (variant == "random")
-    trained = {NOISER: [noiser], ENCODER: [encoder], JOINT: [noiser, encoder]}[phase]
+        assert (draw is None) == (variant == "random" or phase == RANDOM)
+    trained = {NOISER: [noiser], ENCODER: [encoder], JOINT: [noiser, encoder], RANDOM: [encoder]}[
+        phase
+    ]
     for model in (encoder, noiser):
         if model is None:
             continue

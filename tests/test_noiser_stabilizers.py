@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from advpt.masking.adversarial import position_entropy
+from advpt.tokenizer import TAPE
 from advpt.training.schedule import noiser_lr_steps
 from tests.helpers import build_tiny_trainer, build_with_noiser_json, read_metrics
 
@@ -58,3 +59,41 @@ def test_noiser_has_its_own_warmup_learning_rate_and_clipping(tmp_path, distribu
     assert trainer.noiser.get_lr()[0] == pytest.approx(1e-2 / 4)  # lr 1e-2, warmup 4
     assert trainer.encoder.get_lr()[0] == pytest.approx(1e-3 / 2)  # lr 1e-3, warmup 2
     assert (trainer.noiser.gradient_clipping(), trainer.encoder.gradient_clipping()) == (0.5, 1.0)
+
+
+def test_random_only_warmup_masks_at_random_then_the_noiser_starts(tmp_path, distributed):
+    trainer = build_tiny_trainer(
+        tmp_path, "--noiser_start_at", "0.5", "--max_steps", "4", "--noiser_steps", "1",
+        "--encoder_steps", "1", "--log_every", "1", "--min_lr_ratio", "0",
+    )  # fmt: skip
+    # warm-up steps see the noiser's budget drawn uniformly and corrupted 80/10/10
+    seen = []
+
+    def encoder(tokens, valid, ids, masked, *rest):
+        seen.append((tokens, ids, masked))
+        return trainer.encoder.module(tokens, valid, ids, masked, *rest)
+
+    kinds = torch.zeros(3)  # [MASK], kept, replaced at the noiser's share of the positions
+    for number in range(12):
+        batch = trainer.stream[number]
+        trainer.objective.random_backward(encoder, batch, lambda loss: None)
+        tokens, ids, masked = seen[-1]
+        assert int(masked.sum()) == batch.num_masked and bool((masked >= batch.random_masked).all())
+        drawn = masked & ~batch.random_masked
+        assert bool((drawn.sum(1) == batch.budget).all())
+        got, gold = tokens[drawn], ids[drawn]
+        masked_out, kept = got == TAPE.mask_id, got == gold
+        kinds += torch.stack([masked_out.sum(), kept.sum(), (~masked_out & ~kept).sum()])
+    shares = kinds / kinds.sum()
+    assert abs(shares[0] - 0.8) < 0.08 and shares[1] < 0.2 and shares[2] < 0.2
+
+    noiser_before = {n: p.detach().clone() for n, p in trainer.noiser.module.named_parameters()}
+    trainer.train()
+    phases = [r["phase"] for r in read_metrics(tmp_path / "run") if "phase" in r]
+    assert phases == ["random", "random", "noiser", "encoder", "noiser", "encoder"]
+    assert (trainer.counters.encoder_step, trainer.counters.noiser_step) == (4, 2)
+    assert any(
+        not torch.equal(p, noiser_before[n]) for n, p in trainer.noiser.module.named_parameters()
+    )
+    # the noiser's learning-rate schedule spans the steps it plays in: decayed to 0 at the end
+    assert trainer.noiser.get_lr()[0] == 0.0 and trainer.encoder.get_lr()[0] == 0.0

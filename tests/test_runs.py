@@ -25,10 +25,11 @@ def test_stopped_and_resumed_run_matches_an_uninterrupted_one(tmp_path):
     # Stopping after an odd number of steps of each engine, before the batch grows, catches a
     # resumed engine that counts its accumulation window from the restart instead of the run.
     # Cluster sampling: the member drawn for each cluster is part of what must resume exactly.
+    # The random-only warm-up (2 encoder steps) comes before the noiser's first cycle.
     schedule = [
         "--max_steps", "8", "--noiser_steps", "3", "--encoder_steps", "3", "--log_every", "1",
         "--eval_every", "3", "--checkpoint_every", "4", "--batch_growth_at", "0.6",
-        "--num_workers", "1", "--sample_by", "cluster",
+        "--noiser_start_at", "0.25", "--num_workers", "1", "--sample_by", "cluster",
         "--clusters", str(bundled_clusters(tmp_path / "clusters.tsv")),
     ]  # fmt: skip
     whole = tmp_path / "whole"
@@ -39,7 +40,7 @@ def test_stopped_and_resumed_run_matches_an_uninterrupted_one(tmp_path):
     first = run_module(tiny_run_args(tmp_path, parts) + schedule + ["--stop_after_steps", "3"])
     assert first.returncode == 0, first.stderr[-3000:]
     latest = (parts / "checkpoints" / "latest").read_text().strip()
-    assert latest == "step00000006"  # 3 noiser + 3 encoder steps
+    assert latest == "step00000006"  # 2 random-only + 3 noiser + 1 encoder steps
     stopped_at = read_metrics(parts)[-1]["step"]
     second = run_module(tiny_run_args(tmp_path, parts) + schedule + ["--resume"])
     assert second.returncode == 0, second.stderr[-3000:]
@@ -52,7 +53,13 @@ def test_stopped_and_resumed_run_matches_an_uninterrupted_one(tmp_path):
     sizes = {r["encoder_step"]: r["encoder_batch_size"] for r in expected if "encoder_loss" in r}
     assert sizes[4] == 8 and sizes[8] == 16
     phases = [r["phase"] for r in expected if "phase" in r]
-    assert "noiser" in phases and "encoder" in phases
+    assert (
+        phases
+        == ["random"] * 2 + ["noiser"] * 3 + ["encoder"] * 3 + ["noiser"] * 3 + ["encoder"] * 3
+    )
+    seconds = [r["train_seconds"] for r in resumed if "train_seconds" in r]
+    assert seconds == sorted(seconds) and seconds[0] > 0  # training time summed over both jobs
+    assert "unigram entropy  2.8" in done.stdout  # of the bundled proteome, in the summary
 
 
 def test_fresh_run_refuses_to_overwrite_and_bad_configs_are_one_line(tmp_path):

@@ -121,3 +121,14 @@ def test_logged_option_losses_add_up_to_the_adversarial_loss(trainer):
               "replace": s["option_replace_share"]}  # fmt: skip
     mixed = sum(share * s.get(f"adversarial_{name}_loss", 0.0) for name, share in shares.items())
     assert mixed == pytest.approx(s["adversarial_loss"], rel=1e-9)
+
+
+def test_validation_masking_rate_can_be_set_apart_from_training(tmp_path, distributed):
+    def masked_share(*flags: str) -> float:
+        trainer = build_tiny_trainer(tmp_path / str(len(flags)), "--val_max_batches", "0", *flags)
+        masked = sum(int(b.random_masked.sum()) for b in trainer.validation)
+        residues = sum(int(TAPE.is_residue(b.ids).sum()) for b in trainer.validation)
+        return masked / residues
+
+    assert abs(masked_share() - 0.2) < 0.02  # random_rate + adversarial_rate by default
+    assert abs(masked_share("--val_masking_rate", "0.5") - 0.5) < 0.02

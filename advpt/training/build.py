@@ -31,7 +31,7 @@ from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
 from advpt.training.consolidate import load_model
 from advpt.training.engines import build_engine, load_ds_config
 from advpt.training.preemption import StopSignals
-from advpt.training.schedule import noiser_lr_steps
+from advpt.training.schedule import noiser_lr_steps, random_only_steps
 from advpt.training.trainer import Trainer
 
 
@@ -127,7 +127,8 @@ def build_data(
     stream = MicroBatches(view, batches, collate)
     chosen = sample(held_out, d.val_max_batches * micro_batch, seed)
     held_out_view = CroppedView(dataset, chosen, d.max_length, seed, vocab)
-    val_collate = MaskingCollator(random_rate + adversarial_rate, 0.0, seed + 1, vocab)
+    val_rate = config.masking.val_masking_rate or random_rate + adversarial_rate
+    val_collate = MaskingCollator(val_rate, 0.0, seed + 1, vocab)
     return stream, ValidationBatches(held_out_view, micro_batch, val_collate, rank, world)
 
 
@@ -148,9 +149,10 @@ def build_engines(
     noiser = None
     if config.adversarial:
         m = config.model
+        played = s.max_steps - random_only_steps(s.max_steps, s.noiser_start_at)
         warmup, total = noiser_lr_steps(
-            s.max_steps, s.warmup_steps, s.noiser_steps, s.encoder_steps,
-            s.noiser_warmup_steps, config.simultaneous,
+            played, s.warmup_steps, s.noiser_steps, s.encoder_steps, s.noiser_warmup_steps,
+            config.simultaneous,
         )  # fmt: skip
         noiser_model = build_noiser(
             m.noiser_arch, m.noiser, encoder_cfg.vocabulary, m.noiser_bidirectional,

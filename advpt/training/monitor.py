@@ -44,7 +44,7 @@ _OPTION_GROUPS = ("mask", "keep", "replace")
 _INDEX = {name: i for i, name in enumerate(_SCALARS)}
 # What a logged row holds that depends on the wall clock; everything else is a function of the
 # seed, so a resumed run logs it exactly as an uninterrupted one.
-WALL_CLOCK_KEYS = ("time", "elapsed_s", "tokens_per_s", "val_seconds")
+WALL_CLOCK_KEYS = ("time", "elapsed_s", "tokens_per_s", "val_seconds", "train_seconds")
 
 
 def _layout(vocab: Vocabulary) -> dict[str, slice]:

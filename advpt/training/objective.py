@@ -10,6 +10,8 @@ encoder's masked-LM loss at the corrupted positions is what the two play for.
 * Encoder phase: the encoder *minimises* the loss; the noiser only samples (no gradient).
 * Joint phase (simultaneous schedule, beyond the paper): one forward and backward for both,
   the noiser receiving the encoder's gradient reversed (``advpt.training.reversal``).
+* Random phase (the random-only warm-up, beyond the paper): the encoder minimises the loss
+  under random masking alone; the noiser's budget is drawn uniformly and corrupted 80/10/10.
 
 Models are passed in as callables: the trainer passes DeepSpeed engines where an engine's own
 forward and backward must be used, and ``engine.module`` where they must not (the frozen encoder
@@ -29,7 +31,12 @@ from torch import nn
 
 from advpt.config import MaskingConfig
 from advpt.data.collate import Batch
-from advpt.masking.adversarial import AdversarialSample, adversarial_corrupt, position_entropy
+from advpt.masking.adversarial import (
+    AdversarialSample,
+    adversarial_corrupt,
+    num_scores,
+    position_entropy,
+)
 from advpt.masking.importance import importance_weights, with_random_options
 from advpt.models.encoder import MLMOutput
 from advpt.tokenizer import Vocabulary
@@ -177,6 +184,23 @@ class AdversarialObjective:
         out = masked_lm(encoder, batch, draw.sample.ids, masked, weight)
         backward(out.loss)
         return out, draw
+
+    def random_backward(
+        self, encoder: Callable[..., MLMOutput], batch: Batch, backward: Backward
+    ) -> MLMOutput:
+        """Gradients that minimise the MLM loss under random masking alone (warm-up).
+
+        The noiser's share is drawn as the noiser would draw it from all-equal scores: the
+        Gumbel top-k of equal scores is a uniform subset of ``budget`` positions, corrupted
+        80/10/10, so the encoder sees random_rate + adversarial_rate of random masking.
+        """
+        with torch.no_grad():
+            shape = (*batch.ids.shape, num_scores(self.vocab))
+            uniform = batch.ids.new_zeros(shape, dtype=torch.float32)
+            sample = self._corrupt(with_random_options(uniform, self.vocab), batch)
+        out = masked_lm(encoder, batch, sample.ids, batch.random_masked | sample.positions)
+        backward(out.loss)
+        return out
 
     def joint_backward(
         self, noiser: Callable[..., torch.Tensor], encoder: Callable[..., MLMOutput],

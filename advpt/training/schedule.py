@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# Phases: one engine's optimizer step, or (JOINT) one step of each from a single pass.
-NOISER, ENCODER, JOINT = "noiser", "encoder", "joint"
+# Phases: one engine's optimizer step, or (JOINT) one step of each from a single pass; RANDOM
+# is an encoder step on random masking alone, in the random-only warm-up before the noiser starts.
+NOISER, ENCODER, JOINT, RANDOM = "noiser", "encoder", "joint", "random"
 
 
 @dataclass
@@ -128,6 +129,15 @@ def describe_batch(
     )
 
 
+def random_only_steps(max_steps: int, noiser_start_at: float) -> int:
+    """Encoder steps of the random-only warm-up: the first ``noiser_start_at`` of the run.
+
+    The trainer compares its (checkpointed) encoder step count with this, so a resumed run
+    needs no state of its own to know whether it is still in the warm-up.
+    """
+    return round(noiser_start_at * max_steps)
+
+
 def noiser_lr_steps(
     max_steps: int,
     warmup_steps: int,
@@ -138,6 +148,7 @@ def noiser_lr_steps(
 ) -> tuple[int, int]:
     """``(warmup, total)`` noiser optimizer steps of the noiser's learning-rate schedule.
 
+    ``max_steps`` are the encoder steps the noiser plays in (those after a random-only warm-up).
     The noiser steps once per encoder step in the simultaneous schedule and
     ``noiser_steps / encoder_steps`` times as often in the alternating one. Its warmup is
     ``noiser_warmup_steps``, or with -1 the encoder's warmup scaled the same way.

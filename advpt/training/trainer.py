@@ -14,6 +14,11 @@ backward fills their gradients, and the noiser engine backpropagates them revers
 (``advpt.training.reversal``); then both engines step. One forward and one backward per
 micro-step, and each engine keeps its own accumulation, loss scaling and ZeRO reduction.
 
+Random-only warm-up (``--noiser_start_at``, beyond the paper): the run's first encoder steps
+train the encoder alone under random masking (phase ``random``); the schedule above starts when
+the noiser does. Whether a step is in the warm-up follows from the encoder step count, so resumed
+runs need no further state.
+
 What each phase maximises or minimises is ``advpt.training.objective``; this module is the
 loop around it, read top to bottom: ``train`` runs optimizer steps until the end, an optimizer
 step is a window of micro-steps of the current phase, and logging, validation and checkpoints
@@ -25,6 +30,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +38,7 @@ from typing import Any
 import deepspeed
 import torch
 import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
 from torch import nn
 
 from advpt.config import TrainConfig
@@ -49,9 +56,11 @@ from advpt.training.schedule import (
     ENCODER,
     JOINT,
     NOISER,
+    RANDOM,
     batch_growth,
     describe_batch,
     make_schedule,
+    random_only_steps,
 )
 
 MicroStep = Callable[[Batch, bool], MLMOutput]
@@ -67,6 +76,7 @@ class Counters:
     noiser_step: int = 0  # noiser optimizer steps
     joint_step: int = 0  # simultaneous steps, which are counted in both of the above too
     micro_batches: int = 0  # micro-batches consumed from this rank's stream (data position)
+    train_seconds: float = 0.0  # wall time of training over all jobs, validation and saves excluded
 
     @property
     def step(self) -> int:
@@ -99,6 +109,11 @@ class Trainer:
             config.schedule.encoder_steps,
             config.adversarial,
         )
+        self.random_only_steps = (
+            random_only_steps(config.schedule.max_steps, config.schedule.noiser_start_at)
+            if config.adversarial
+            else 0
+        )
         self.counters = Counters()
         self.base_batch = {name: e.train_batch_size() for name, e in self.engines.items()}
         self.is_main = not dist.is_initialized() or dist.get_rank() == 0
@@ -107,12 +122,13 @@ class Trainer:
             config.masking, config.importance, config.schedule.reversal_scale, self.vocab
         )
         self.metrics = MetricsAccumulator(device, self.vocab)
-        self._last_phase = self.schedule.phase
+        self._last_phase = self.phase
         self._skipped_in_a_row = {name: 0 for name in self.engines}
         self._grad_norms: dict[str, torch.Tensor] = {}
         # Installed by the entry point; without it no signal is noted and the run never stops.
         self.stop_signals = stop_signals or StopSignals()
         self.stopped_by: str | None = None  # the signal that stopped the run, if one did
+        self._clock = time.perf_counter()
 
     @property
     def engines(self) -> dict[str, deepspeed.DeepSpeedEngine]:
@@ -148,12 +164,13 @@ class Trainer:
         if cfg.run.stop_after_steps:
             stop_at = min(stop_at, self.counters.encoder_step + cfg.run.stop_after_steps)
         progress = Progress(
-            self.schedule.steps_until(stop_at), self.counters.step, stop_at,
+            self.steps_until(stop_at), self.counters.step, stop_at,
             f"{cfg.run.mode} pre-training", enabled=self.is_main,
         )  # fmt: skip
         progress.note(self._describe_batch())
         last: dict[str, Any] = {}
         self.metrics = MetricsAccumulator(self.device, self.vocab)
+        self._clock = time.perf_counter()
         try:
             while self.counters.encoder_step < stop_at and not self.stopped_by:
                 last = self._train_step(data, writer, progress, stop_at) or last
@@ -185,15 +202,29 @@ class Trainer:
         if encoder_stepped and (
             (cfg.run.eval_every and step % cfg.run.eval_every == 0) or step == stop_at
         ):
-            validation = self._evaluate(writer)
+            with self._off_the_clock():
+                validation = self._evaluate(writer)
             if validation:
                 progress.validated(validation)
             record = {**(record or {}), **validation}
         self.stopped_by = self.stop_signals.agreed()  # a collective, once per optimizer step
         due = encoder_stepped and (step % cfg.run.checkpoint_every == 0 or step == stop_at)
         if due or self.stopped_by:
-            self.save()
+            with self._off_the_clock():
+                self.save()
         return record
+
+    @contextmanager
+    def _off_the_clock(self) -> Iterator[None]:
+        """Add the training time since the last pause to ``train_seconds``; leave what runs
+        inside (validation, saving) out of it. Queued device work is waited for first, so that
+        it counts as training: this host sync happens only at validation and saving steps."""
+        get_accelerator().synchronize()
+        self.counters.train_seconds += time.perf_counter() - self._clock
+        try:
+            yield
+        finally:
+            self._clock = time.perf_counter()
 
     # ----------------------------------------------------------------- one optimizer step
 
@@ -207,12 +238,27 @@ class Trainer:
             if engine.train_batch_size() != target:
                 engine.set_train_batch_size(target)
 
+    @property
+    def phase(self) -> str:
+        """The schedule's phase, or RANDOM in the random-only warm-up before the noiser starts."""
+        if self.counters.encoder_step < self.random_only_steps:
+            return RANDOM
+        return self.schedule.phase
+
+    def steps_until(self, encoder_steps: int) -> int:
+        """Optimizer steps from the start through encoder step ``encoder_steps``: those of the
+        random-only warm-up, then the schedule's."""
+        warmup = min(encoder_steps, self.random_only_steps)
+        return warmup + self.schedule.steps_until(encoder_steps - warmup)
+
     def phase_step(self) -> tuple[str, deepspeed.DeepSpeedEngine, MicroStep]:
         """The current phase, the engine whose accumulation window it fills, its micro-step.
 
         A joint step fills both engines' windows, which have one length (checked at build).
         """
-        phase = self.schedule.phase
+        phase = self.phase
+        if phase == RANDOM:
+            return phase, self.encoder, self.random_micro_step
         if phase == NOISER:
             return phase, self.noiser, self.noiser_micro_step
         if phase == JOINT:
@@ -228,7 +274,7 @@ class Trainer:
         windows would then straddle optimizer steps differently from an uninterrupted run.
         """
         phase, engine, micro_step = self.phase_step()
-        trained = {"noiser": phase in (NOISER, JOINT), "encoder": phase in (ENCODER, JOINT)}
+        trained = {"noiser": phase in (NOISER, JOINT), "encoder": phase != NOISER}
         stepping = [e for name, e in self.engines.items() if trained[name]]
         log = (self.counters.step + 1) % self.config.run.log_every == 0
         window = engine.gradient_accumulation_steps()
@@ -241,7 +287,8 @@ class Trainer:
         self.counters.noiser_step += trained["noiser"]
         self.counters.encoder_step += trained["encoder"]
         self.counters.joint_step += phase == JOINT
-        self.schedule.advance()
+        if phase != RANDOM:  # the schedule starts when the noiser does
+            self.schedule.advance()
         self._last_phase = phase
         for name, engine in self.engines.items():
             if trained[name]:
@@ -279,6 +326,13 @@ class Trainer:
         out, draw = self.encoder_backward(batch)
         self._step("encoder", self.encoder, log)
         self.metrics.record(ENCODER, out, draw, batch)
+        return out
+
+    def random_micro_step(self, batch: Batch, log: bool = False) -> MLMOutput:
+        """An encoder step of the random-only warm-up; its positions are logged as random."""
+        out = self.objective.random_backward(self.encoder, batch, self.encoder.backward)
+        self._step("encoder", self.encoder, log)
+        self.metrics.record(ENCODER, out, None, batch)
         return out
 
     def joint_micro_step(self, batch: Batch, log: bool = False) -> MLMOutput:
@@ -371,6 +425,7 @@ class Trainer:
             "val_accuracy": correct / count,
             "val_perplexity": float(torch.tensor(loss_sum / count).exp()),
             "val_seconds": time.perf_counter() - start,
+            "train_seconds": self.counters.train_seconds,
         }
         writer.write(self.counters.step, record)
         return record
