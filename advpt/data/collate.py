@@ -32,6 +32,7 @@ class Batch:
             (at most the eligible count), so random + adversarial shares add up.
         lengths: ``[B]`` int64 sequence lengths, kept on the CPU (the GRU packs with them).
         num_masked: random plus adversarial positions in the batch.
+        max_masked: the most random plus adversarial positions in one row.
         max_budget: ``budget.max()``.
         num_tokens: non-padding tokens in the batch.
     """
@@ -44,6 +45,7 @@ class Batch:
     budget: torch.Tensor
     lengths: torch.Tensor
     num_masked: int
+    max_masked: int
     max_budget: int
     num_tokens: int
 
@@ -97,6 +99,7 @@ class MaskingCollator:
             budget=budget,
             lengths=lengths,
             num_masked=int(random_masked.sum() + budget.sum()),
+            max_masked=int((random_masked.sum(1) + budget).max()),
             max_budget=int(budget.max()),
             num_tokens=int(lengths.sum()),
         )

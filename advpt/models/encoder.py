@@ -96,8 +96,43 @@ ENCODER_PRESETS: dict[str, EncoderConfig] = {
 }
 
 
+class Rows(NamedTuple):
+    """The ``N`` positions a forward pass returns states for (the masked ones, in MLM training).
+
+    ``flat`` ``[N]``: indices into ``B * L``, in order; ``sequence`` and ``position`` ``[N]``:
+    each one's row and position in it; ``slot`` ``[N]``: its place among its row's positions;
+    ``width``: the most positions in one row, so that ``[B, width]`` holds them all.
+    """
+
+    flat: torch.Tensor
+    sequence: torch.Tensor
+    position: torch.Tensor
+    slot: torch.Tensor
+    width: int
+
+
+def rows_of(masked: torch.Tensor, count: int, width: int) -> Rows:
+    """The :class:`Rows` of ``masked`` ``[B, L]`` bool, given its true count and the most true
+    values in one row (both known on the host, so nothing here waits for the device)."""
+    length = masked.shape[1]
+    flat = torch.nonzero_static(masked.flatten(), size=count).squeeze(1)  # [N]
+    sequence = torch.div(flat, length, rounding_mode="floor")
+    per_row = masked.sum(1)
+    first = per_row.cumsum(0) - per_row  # [B] index of each row's first position in flat
+    slot = torch.arange(count, device=flat.device) - first[sequence]
+    return Rows(flat, sequence, flat - sequence * length, slot, max(width, 1))
+
+
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: EncoderConfig):
+    """Multi-head self-attention; with ``rotary``, queries and keys are rotated by position.
+
+    Rotary attention computes its queries and keys with their dimensions reordered so that
+    each one sits next to its rotary partner (:func:`rotary_order`), and rotates them as complex
+    numbers (:func:`rotate`). Reordering the dimensions of queries and keys alike leaves every
+    attention score unchanged; the weights keep ESM's order, so checkpoints are unaffected.
+    """
+
+    def __init__(self, cfg: EncoderConfig, rotary: bool = False):
         super().__init__()
         if cfg.hidden_size % cfg.num_heads:
             raise ValueError(
@@ -108,43 +143,66 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
         self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.attention_dropout = cfg.attention_dropout
+        order = None  # the rows of qkv's weight in the order used, if not as stored
+        if rotary:
+            h = cfg.hidden_size
+            pairs = rotary_order(cfg.num_heads, h // cfg.num_heads)
+            order = torch.cat((pairs, pairs + h, torch.arange(2 * h, 3 * h)))  # queries, keys
+        self.register_buffer("order", order, persistent=False)
 
     def forward(
         self,
         x: torch.Tensor,
         attn_mask: torch.Tensor | None,
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
-        rows: torch.Tensor | None = None,
+        rows: Rows | None = None,
     ) -> torch.Tensor:
-        """``x`` ``[B, L, H]`` -> ``[B, L, H]``, or ``[N, H]`` at the flat positions ``rows``
-        ``[N]`` (into ``B * L``) only.
+        """``x`` ``[B, L, H]`` -> ``[B, L, H]``, or ``[N, H]`` at ``rows`` only.
 
-        ``attn_mask`` ``[B, 1, 1, L]`` bool (true = may attend) or None; ``rotary``:
-        ``(cos, sin)`` ``[L, 1, H / heads]`` to rotate queries and keys, or None.
+        ``attn_mask`` ``[B, 1, 1, L]`` bool (true = may attend) or None; ``rotary``: the
+        :class:`RotaryEmbedding` turns ``[L, 1, H / heads / 2]`` (rotary attention). With ``rows``,
+        keys and values are computed everywhere but queries at the rows alone, laid out
+        ``[B, rows.width]`` (a row's positions, then unused slots whose output is dropped).
         """
         b, length, h = x.shape
-        q, k, v = self.qkv(x).view(b, length, 3, self.num_heads, h // self.num_heads).unbind(2)
-        if rotary is not None:
-            q, k = rotate(q, *rotary), rotate(k, *rotary)
+        heads, size = self.num_heads, h // self.num_heads
+        weight, bias = self.qkv.weight, self.qkv.bias
+        if self.order is not None:
+            weight, bias = weight.index_select(0, self.order), bias.index_select(0, self.order)
+        if rows is None:
+            q, k, v = F.linear(x, weight, bias).view(b, length, 3, heads, size).unbind(2)
+            if rotary is not None:
+                q, k = rotate(q, rotary), rotate(k, rotary)
+        else:
+            w_q, w_kv = weight.split((h, 2 * h))
+            b_q, b_kv = bias.split((h, 2 * h))
+            k, v = F.linear(x, w_kv, b_kv).view(b, length, 2, heads, size).unbind(2)
+            q = F.linear(x.flatten(0, 1).index_select(0, rows.flat), w_q, b_q)
+            q = q.view(-1, heads, size)  # [N, heads, H / heads]
+            if rotary is not None:
+                q, k = rotate(q, rotary[rows.position]), rotate(k, rotary)
+            slots = q.new_zeros(b, rows.width, heads, size)
+            q = slots.index_put((rows.sequence, rows.slot), q)  # [B, width, heads, H / heads]
         y = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
             v.transpose(1, 2),
             attn_mask=attn_mask,
             dropout_p=self.attention_dropout if self.training else 0.0,
-        )  # [B, heads, L, H / heads]
-        y = y.transpose(1, 2).reshape(b, length, h)
-        if rows is not None:
-            y = y.flatten(0, 1).index_select(0, rows)  # [N, H]
-        return self.out(y)
+        ).transpose(1, 2)  # [B, L or width, heads, H / heads]
+        if rows is None:
+            return self.out(y.reshape(b, length, h))
+        return self.out(y[rows.sequence, rows.slot].reshape(-1, h))  # [N, H]
 
 
 class TransformerLayer(nn.Module):
     """Post-LayerNorm BERT layer, as in TAPE."""
 
+    rotary = False  # whether the attention rotates queries and keys by position
+
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
-        self.attention = SelfAttention(cfg)
+        self.attention = SelfAttention(cfg, self.rotary)
         self.attention_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.ffn_in = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.ffn_out = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
@@ -169,12 +227,12 @@ def run_layers(
     x: torch.Tensor,
     checkpoint_every: int,
     *args,
-    last_rows: torch.Tensor | None = None,
+    last_rows: Rows | None = None,
 ) -> torch.Tensor:
     """``x`` ``[B, L, H]`` through ``layers`` (each called as ``layer(x, *args)``), recomputing
     every ``checkpoint_every``-th layer's activations in the backward pass (0 = none).
 
-    With ``last_rows`` ``[N]`` the last layer is called as ``layer(x, *args, last_rows)`` and
+    With ``last_rows`` the last layer is called as ``layer(x, *args, last_rows)`` and
     returns ``[N, H]``.
     """
     recompute = checkpoint_every and layers.training and torch.is_grad_enabled()
@@ -213,15 +271,14 @@ class ProteinEncoder(nn.Module):
         tokens: torch.Tensor,
         valid: torch.Tensor,
         has_padding: bool = True,
-        rows: torch.Tensor | None = None,
+        rows: Rows | None = None,
     ) -> torch.Tensor:
         """Hidden states ``[B, L, H]`` for ids ``[B, L]`` or one-hot ``[B, L, V]``.
 
         ``valid`` ``[B, L]`` bool marks real tokens; padding is never attended to. A batch the
         caller knows to be unpadded (``has_padding=False``, common with length bucketing and
         cropping) runs attention without a mask, which lets PyTorch pick its flash kernel.
-        With ``rows`` ``[N]`` (flat indices into ``B * L``) only those positions' states are
-        returned, ``[N, H]``.
+        With ``rows`` only those positions' states are returned, ``[N, H]``.
         """
         length = valid.shape[1]
         _check_length(self.cfg, length)
@@ -230,26 +287,36 @@ class ProteinEncoder(nn.Module):
         x = self.dropout(self.embedding_norm(x))
         attn_mask = valid[:, None, None, :] if has_padding else None
         x = run_layers(self.layers, x, self.cfg.activation_checkpointing, attn_mask)
-        return x if rows is None else x.flatten(0, 1).index_select(0, rows)
+        return x if rows is None else x.flatten(0, 1).index_select(0, rows.flat)
 
 
 # ----------------------------------------------------------------------------- ESM-2
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of ``x`` ``[B, L, heads, D]`` (``cos``, ``sin`` ``[L, 1, D]``).
+def rotary_order(heads: int, size: int) -> torch.Tensor:
+    """``[heads * size]``: the dimensions of ``heads`` heads of ``size`` reordered so that ESM's
+    rotary pairs (``i`` and ``i + size / 2``, "rotate half") sit next to each other."""
+    half = torch.arange(size // 2)
+    within = torch.stack((half, half + size // 2), dim=1).flatten()  # [size]
+    return (torch.arange(heads)[:, None] * size + within).flatten()
 
-    ESM's layout: dimension ``i`` pairs with ``i + D / 2`` ("rotate half"), not with ``i + 1``.
-    Computed in float32 whatever ``x``'s dtype, as ``transformers`` does.
+
+def rotate(x: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of ``x`` ``[B, L, heads, D]`` by ``turns`` ``[L, 1, D / 2]``,
+    or of ``x`` ``[N, heads, D]`` by ``turns`` at those ``N`` positions, ``[N, 1, D / 2]``.
+
+    ``x``'s dimensions come in rotary pairs (:func:`rotary_order`): each pair is one complex
+    number, turned by its position's angle. ESM writes the same rotation
+    ``x * cos + cat(-x2, x1) * sin`` over the halves; as one complex product it is one pass
+    over ``x`` instead of four, and as many backward. Computed in float32 whatever ``x``'s
+    dtype, as ``transformers`` does.
     """
-    x32 = x.float()
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
-    return (x32 * cos + rotated * sin).to(x.dtype)
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))  # [..., D / 2]
+    return torch.view_as_real(pairs * turns).flatten(-2).to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):
-    """``(cos, sin)`` tables of ESM-2's rotary positions, from the frequencies ``inv_freq``.
+    """The turns of ESM-2's rotary positions, ``exp(i * position * inv_freq)``.
 
     ``inv_freq`` ``[D / 2]`` is a saved buffer, not recomputed, because the published ESM
     checkpoints carry their own: trained in fp16, their frequencies are fp16-rounded, and
@@ -263,12 +330,11 @@ class RotaryEmbedding(nn.Module):
         exponents = torch.arange(0, head_size, 2, dtype=torch.float32) / head_size
         self.register_buffer("inv_freq", 1.0 / base**exponents)
 
-    def forward(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 ``(cos, sin)``, each ``[L, 1, D]``, for positions ``0 .. L - 1``."""
+    def forward(self, length: int, device: torch.device) -> torch.Tensor:
+        """complex64 ``[L, 1, D / 2]`` for positions ``0 .. L - 1``, as :func:`rotate` takes."""
         positions = torch.arange(length, device=device, dtype=torch.float32)
         angles = positions[:, None] * self.inv_freq[None, :]  # [L, D / 2]
-        angles = torch.cat((angles, angles), dim=-1).unsqueeze(1)  # [L, 1, D]
-        return angles.cos(), angles.sin()
+        return torch.polar(torch.ones_like(angles), angles).unsqueeze(1)
 
     def _apply(self, fn, recurse=True):
         """What ``.to()``, ``.half()``, ``.bfloat16()`` and the like run: ``inv_freq`` moves
@@ -282,19 +348,21 @@ class RotaryEmbedding(nn.Module):
 class PreNormLayer(TransformerLayer):
     """ESM-2's layer: TAPE's parts, each LayerNorm moved before its block, rotary attention."""
 
+    rotary = True
+
     def forward(
         self,
         x: torch.Tensor,
         attn_mask: torch.Tensor | None,
-        rotary: tuple[torch.Tensor, torch.Tensor],
-        rows: torch.Tensor | None = None,
+        rotary: torch.Tensor,
+        rows: Rows | None = None,
     ) -> torch.Tensor:
-        """``x`` ``[B, L, H]`` -> ``[B, L, H]``, or ``[N, H]`` at the flat positions ``rows``
-        only: every position is attended to, but the attention output, the residual and the
+        """``x`` ``[B, L, H]`` -> ``[B, L, H]``, or ``[N, H]`` at ``rows`` only: every position
+        is attended to, but the queries, the attention output, the residual and the
         feed-forward block run at those rows alone."""
         attended = self.attention(self.attention_norm(x), attn_mask, rotary, rows)
         if rows is not None:
-            x = x.flatten(0, 1).index_select(0, rows)
+            x = x.flatten(0, 1).index_select(0, rows.flat)
         x = x + self.dropout(attended)
         return x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(self.ffn_norm(x)))))
 
@@ -339,14 +407,14 @@ class Esm2Encoder(nn.Module):
         tokens: torch.Tensor,
         valid: torch.Tensor,
         has_padding: bool = True,
-        rows: torch.Tensor | None = None,
+        rows: Rows | None = None,
     ) -> torch.Tensor:
         """Hidden states ``[B, L, H]``, or ``[N, H]`` at ``rows``; as
-        :meth:`ProteinEncoder.forward`. With ``rows`` the last layer's output projection and
-        feed-forward block and the final LayerNorm run at those rows only (nothing after the
-        last attention mixes positions): for masked-LM training, most of the last layer's work
-        is skipped. (TAPE's encoder computes every position and gathers, which keeps its
-        results bitwise what they were.)"""
+        :meth:`ProteinEncoder.forward`. With ``rows`` the last layer's queries, attention,
+        output projection and feed-forward block and the final LayerNorm run at those rows only
+        (the last layer's keys and values are all the other positions contribute): for
+        masked-LM training, most of the last layer's work is skipped. (TAPE's encoder computes
+        every position and gathers, which keeps its results bitwise what they were.)"""
         length = valid.shape[1]
         _check_length(self.cfg, length)
         x = embed(self.token_embedding, tokens)
@@ -428,6 +496,7 @@ class MaskedLanguageModel(nn.Module):
         num_masked: int,
         weight: torch.Tensor | None = None,
         has_padding: bool = True,
+        max_per_row: int | None = None,
     ) -> MLMOutput:
         """Weighted mean cross-entropy over the masked positions.
 
@@ -439,9 +508,14 @@ class MaskedLanguageModel(nn.Module):
             num_masked: ``masked.sum()``, known on the host, so gathering needs no sync.
             weight: ``[B, L]`` per-position loss weight (straight-through factors), or None.
             has_padding: False when the caller knows ``valid`` is all true (no mask needed).
+            max_per_row: the most masked positions in one row, known on the host (the
+                trainer's batches carry it); None: counted here, which waits for the device.
         """
-        positions = torch.nonzero_static(masked.flatten(), size=num_masked).squeeze(1)  # [N]
-        hidden = self.encoder(tokens, valid, has_padding, rows=positions)  # [N, H]
+        if max_per_row is None:
+            max_per_row = int(masked.sum(1).max())
+        rows = rows_of(masked, num_masked, max_per_row)
+        positions = rows.flat  # [N]
+        hidden = self.encoder(tokens, valid, has_padding, rows=rows)  # [N, H]
         logits = self.head(hidden).float()  # [N, V]
         gold = targets.flatten().index_select(0, positions)
         token_loss = F.cross_entropy(logits, gold, reduction="none")

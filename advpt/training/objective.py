@@ -77,8 +77,9 @@ def masked_lm(
         weight: ``[B, L]`` per-position loss weight, or None for all 1.
     """
     return encoder(
-        tokens, batch.valid, batch.ids, masked, batch.num_masked, weight, batch.has_padding
-    )
+        tokens, batch.valid, batch.ids, masked, batch.num_masked, weight, batch.has_padding,
+        batch.max_masked,
+    )  # fmt: skip
 
 
 class AdversarialObjective:
