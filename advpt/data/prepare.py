@@ -398,9 +398,10 @@ def prepare(
     if len(pieces) == 1 or total <= piece_bytes:
         workers = 1  # not worth starting processes
     with building(out) as tmp:
+        # disable=None: the bar is drawn on a terminal only; a log file gets no \r-lines.
         with tqdm(
-            total=total, unit="B", unit_scale=True, desc="preparing", disable=not progress,
-            mininterval=1.0, file=sys.stderr,
+            total=total, unit="B", unit_scale=True, desc="preparing",
+            disable=None if progress else True, mininterval=1.0, file=sys.stderr,
         ) as bar:  # fmt: skip
             pieces_done = _run_pieces(pieces, tmp, unknown_to_unk, skip_bad_records, workers, bar)
             results = _join(pieces_done, tmp)

@@ -203,23 +203,27 @@ class MetricsAccumulator:
         return out
 
 
-def check_collapse(record: dict[str, Any], threshold: float, warn: bool) -> None:
-    """The collapse alarm: set ``record["mask_collapse"]`` and warn if ``mask_entropy`` is low.
+def check_collapse(record: dict[str, Any], threshold: float, warn: bool, already: bool) -> bool:
+    """The collapse alarm: set ``record["mask_collapse"]`` if ``mask_entropy`` is low, and warn
+    when it falls below ``threshold`` (not ``already`` below it at the last record: a run that
+    stays collapsed is flagged in every record but warned about once). Returns whether the
+    entropy is below now (``already`` for a record without it).
 
     A noiser that puts its mass on a few positions makes the subset sampler pick the same ones
     every time, and the encoder then learns only those (the paper's "unstable" noisers).
     """
     if "mask_entropy" not in record:
-        return
+        return already
     collapsed = record["mask_entropy"] < threshold
     record["mask_collapse"] = int(collapsed)
-    if collapsed and warn:
+    if collapsed and warn and not already:
         logger.warning(
             "mask position entropy %.3f is below collapse_entropy_threshold %.3f at encoder step "
             "%s: the noiser keeps masking the same few positions (try --noiser_entropy_bonus, a "
             "lower noiser learning rate or a longer --noiser_warmup_steps)",
             record["mask_entropy"], threshold, record.get("encoder_step"),
         )  # fmt: skip
+    return collapsed
 
 
 class MetricsWriter:

@@ -125,6 +125,7 @@ class Trainer:
         self._last_phase = self.phase
         self._skipped_in_a_row = {name: 0 for name in self.engines}
         self._grad_norms: dict[str, torch.Tensor] = {}
+        self._collapsed = False  # mask entropy below the collapse threshold at the last record
         # Installed by the entry point; without it no signal is noted and the run never stops.
         self.stop_signals = stop_signals or StopSignals()
         self.stopped_by: str | None = None  # the signal that stopped the run, if one did
@@ -406,7 +407,9 @@ class Trainer:
                 norm = self._grad_norms.pop(name)
             if norm is not None:
                 record[f"{name}_grad_norm"] = float(norm)
-        check_collapse(record, self.config.masking.collapse_entropy_threshold, warn=self.is_main)
+        self._collapsed = check_collapse(
+            record, self.config.masking.collapse_entropy_threshold, self.is_main, self._collapsed
+        )
         writer.write(self.counters.step, record)
         return record
 
