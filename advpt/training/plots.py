@@ -34,6 +34,9 @@ def _line(ax, rows, key, label, x="step", **style) -> None:
         ax.plot(xs, ys, label=label, **style)
 
 
+NO_NOISER = "no noiser in this run"  # what a noiser's panel says in a random-MLM run
+
+
 def _finish(ax, title: str, xlabel: str, empty: str | None = None) -> None:
     ax.set_title(title)
     ax.set_xlabel(xlabel)
@@ -58,11 +61,11 @@ def plot_run(run: Run, out: Path) -> Path | None:
     _finish(loss, "MLM loss", x)
     _line(positions, run.encoder_train, "adversarial_loss", "adversarial positions")
     _line(positions, run.encoder_train, "random_loss", "random positions")
-    _finish(positions, "Loss at adversarial vs random positions (encoder steps)", x)
+    _finish(positions, "Loss at adversarial vs random positions (encoder steps)", x, NO_NOISER)
     _line(masks, run.train, "mask_entropy", "mask position entropy")
     for option in ("mask", "keep", "replace"):
         _line(masks, run.train, f"option_{option}_share", f"{option} share", linestyle="--")
-    _finish(masks, "Where and how the noiser masks", x, "no noiser in this run")
+    _finish(masks, "Where and how the noiser masks", x, NO_NOISER)
     for phase, marker in (("encoder", "o"), ("noiser", "^"), ("joint", "s")):
         rows = [r for r in run.train if r.get("phase") == phase]
         _line(speed, rows, "tokens_per_s", f"{phase} steps", marker=marker, linestyle="")
