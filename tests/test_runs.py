@@ -1,6 +1,7 @@
 """Whole runs in fresh processes: exact resume, the batch-size schedule, the launcher, errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -109,6 +110,10 @@ def test_two_rank_run_from_another_directory_with_the_shipped_configs(tmp_path):
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-4000:]
     assert "Traceback" not in out and "\r" not in out
+    # DeepSpeed's shared-memory all-reduce buffers (69 MB a rank) are not left in /dev/shm
+    port = result.args[result.args.index("--master_port") + 1]
+    assert "deepspeed_shm_comm" in out  # it made them
+    assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
     assert out.count("advpt: preparing") == 1 and out.count("advpt: matching") == 1
     assert len(list(cache.iterdir())) == 2  # the dataset and its cluster index
     lines = out.splitlines()
