@@ -4,7 +4,7 @@
 #   bash scripts/quickstart.sh [--paper] [extra train.py flags]
 #
 # GPU: tape-base encoder, bf16 configs, every visible GPU. CPU: the small preset and the CPU
-# configs (200 encoder + up to 200 noiser steps: under 10 minutes on 2 cores, set-up included).
+# configs (200 encoder + up to 200 noiser steps: a few minutes on 2 cores once set up).
 # Every stage says what it is doing; the run ends with its summary (python -m advpt.report).
 #
 # The setting is the one docs/study.md recommends: a context-only noiser that starts after a
@@ -36,7 +36,7 @@ if [ "$ADVPT_GPUS" -gt 0 ]; then
 else
     echo "[advpt] 2/2 pre-training on the CPU: small encoder against a small GRU noiser, 200 encoder"
     echo "[advpt]     steps alternating with up to 200 noiser steps (10 each), on the bundled proteome"
-    echo "[advpt]     (2,100 proteins), about 8 minutes on 2 cores, into $RUN_DIR; its summary follows"
+    echo "[advpt]     (2,100 proteins), a few minutes on 2 cores, into $RUN_DIR; its summary follows"
     deepspeed --log_level error --num_gpus 1 advpt/train.py \
         --deepspeed_config cpu --noiser_deepspeed_config cpu \
         --encoder small --noiser small --max_length 128 \
