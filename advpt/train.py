@@ -87,14 +87,13 @@ def _print_summary(trainer: Trainer) -> None:
             f"\nstopped by {trainer.stopped_by} after step {trainer.counters.step}; checkpoint "
             f"{tag} is saved: continue with --resume (exit code {EXIT_STOPPED})"
         )
+    view = trainer.stream.view
+    entropy = unigram_entropy(residue_counts(view.dataset, view.selection, view.vocab))
     try:
-        summary = report_run(run_dir)
+        summary = report_run(run_dir, unigram=entropy)
     except (ReportError, OSError) as exc:
         summary = f"advpt: no summary of {run_dir}: {exc}"
     print(f"\n{summary}")
-    view = trainer.stream.view
-    entropy = unigram_entropy(residue_counts(view.dataset, view.selection, view.vocab))
-    print(f"  unigram entropy  {entropy:.4f} nats, the val loss of a model that ignores context")
     print(f"  checkpoints      {run_dir / 'checkpoints'}")
     print(f"  metrics          {run_dir / 'metrics.jsonl'}")
     print(f"  tensorboard      tensorboard --logdir {run_dir / 'tensorboard'}")

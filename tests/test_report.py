@@ -68,6 +68,13 @@ def test_report_text_and_plot_of_one_run(tmp_path):
     assert "final val loss   3.1000 at encoder step 4" in text
     assert "adversarial 2.6000, random 2.8000: the noiser's positions are easier" in text
     assert (run_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # with the data's unigram entropy, the line under the validation losses reads it against them
+    lines = report_run(run_dir, plots=False, unigram=3.2).splitlines()
+    final = lines.index("  final val loss   3.1000 at encoder step 4")
+    assert lines[final + 1] == (
+        "  unigram entropy  3.2000 nats, the val loss of a model that ignores context: "
+        "the final val loss is 0.100 below it"
+    )
 
 
 def test_random_run_without_validation_or_timestamps(tmp_path):
@@ -80,6 +87,7 @@ def test_random_run_without_validation_or_timestamps(tmp_path):
     assert "3 encoder optimizer steps" in text
     assert "wall time        - (metrics.jsonl has no timestamps)" in text
     assert "best val loss    -" in text
+    assert "context\n" in report_run(run_dir, plots=False, unigram=2.8)  # no val loss to compare
     assert "random 2.9000 (only one kind of position in this run)" in text
     assert "tokens/s         167" in text  # the plain mean of 200, 100, 200 without timestamps
     assert (run_dir / "report.png").is_file()  # the noiser panel says there is no noiser

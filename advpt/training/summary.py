@@ -126,8 +126,9 @@ def _steps(s: Summary) -> str:
     return f"{s.steps} optimizer steps: {s.encoder_steps} encoder + {s.noiser_steps} noiser"
 
 
-def format_summary(s: Summary) -> str:
-    """The one-run summary, one fact per line."""
+def format_summary(s: Summary, unigram: float | None = None) -> str:
+    """The one-run summary, one fact per line; with ``unigram`` (the unigram entropy of the
+    run's data, nats) it stands under the validation losses, the bar to clear."""
     wall = "- (metrics.jsonl has no timestamps)"
     if s.wall_s is not None:
         jobs = f" in {s.jobs} jobs" if s.jobs > 1 else ""
@@ -140,9 +141,20 @@ def format_summary(s: Summary) -> str:
         f"  tokens/s         {rate}",
         f"  best val loss    {_val(s.best_val)}",
         f"  final val loss   {_val(s.final_val)}",
-        f"  position loss    {_position_losses(s)}",
     ]
+    if unigram is not None:
+        lines.append(f"  unigram entropy  {unigram:.4f} nats, {_against_unigram(s, unigram)}")
+    lines.append(f"  position loss    {_position_losses(s)}")
     return "\n".join(lines)
+
+
+def _against_unigram(s: Summary, unigram: float) -> str:
+    """The unigram entropy read against the run's final validation loss."""
+    text = "the val loss of a model that ignores context"
+    if s.final_val is None:
+        return text
+    gap = unigram - s.final_val[0]
+    return f"{text}: the final val loss is {abs(gap):.3f} {'below' if gap > 0 else 'above'} it"
 
 
 def format_table(summaries: list[Summary]) -> str:
@@ -168,10 +180,11 @@ def format_table(summaries: list[Summary]) -> str:
 # ------------------------------------------------------------------------------- entry
 
 
-def report_run(run_dir: str | Path, plots: bool = True) -> str:
-    """The summary of one run, after writing its plot (unless ``plots`` is false)."""
+def report_run(run_dir: str | Path, plots: bool = True, unigram: float | None = None) -> str:
+    """The summary of one run, after writing its plot (unless ``plots`` is false); ``unigram``:
+    the unigram entropy of its data, if known (the trainer knows it, a report alone does not)."""
     run = load_run(run_dir)
-    text = format_summary(summarize(run))
+    text = format_summary(summarize(run), unigram)
     if plots:
         written = plot_run(run, run.path / RUN_PLOT)
         text += f"\n  plots            {written}" if written else f"\n  ({PLOTS_HINT})"
