@@ -215,3 +215,31 @@ def test_pretrained_run_with_a_damaged_newest_checkpoint_is_one_sentence(saved, 
     message = str(caught.value)
     assert message.startswith(f"the newest checkpoint in {run_dir / 'checkpoints'}, step00000003")
     assert "bytes, not the" in message
+
+
+class _ByName:
+    """Pickles as ``getattr(owner, name)``, as Python 3.11.2 pickles an Enum member."""
+
+    def __init__(self, owner, name):
+        self.owner, self.name = owner, name
+
+    def __reduce__(self):
+        return getattr, (self.owner, self.name)
+
+
+def test_enum_members_pickled_by_name_load_and_nothing_else_does(tmp_path):
+    """Some Python releases write DeepSpeed's ZeroStageEnum as getattr(class, name): such a
+    checkpoint loads, and getattr reaching anything but a member of an allowed Enum is refused."""
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    from advpt.models.pretrained import load_weights_only
+
+    member = tmp_path / "member.pt"
+    torch.save({"zero_stage": _ByName(ZeroStageEnum, "gradients")}, member)
+    loaded = load_weights_only(member, [ZeroStageEnum])
+    assert loaded["zero_stage"] is ZeroStageEnum.gradients
+    for owner, name in ((ZeroStageEnum, "__class__"), (torch.Tensor, "add_")):
+        crafted = tmp_path / "crafted.pt"
+        torch.save({"zero_stage": _ByName(owner, name)}, crafted)
+        with pytest.raises(CheckpointError, match="holds more than tensors and plain data"):
+            load_weights_only(crafted, [ZeroStageEnum])

@@ -20,6 +20,7 @@ every position (advpt folds it into the position table). The hidden states are i
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import pickle
 import warnings
@@ -51,6 +52,24 @@ State = dict[str, torch.Tensor]
 ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
 
+def _admitted(safe_globals: Sequence[type]) -> list[Any]:
+    """``safe_globals`` for ``torch.load``, and, if Enum classes are among them, a stand-in for
+    ``getattr``: some Python releases (3.11.2, for one; not 3.11.7) pickle an Enum member as
+    ``getattr(its class, its name)``, so a DeepSpeed checkpoint written there names
+    ``builtins.getattr``. The stand-in returns members of those Enum classes and nothing else.
+    """
+    enums = tuple(c for c in safe_globals if isinstance(c, type) and issubclass(c, enum.Enum))
+    if not enums:
+        return list(safe_globals)
+
+    def enum_member(owner: Any, name: str) -> enum.Enum:
+        if owner in enums and isinstance(name, str) and name in owner.__members__:
+            return owner[name]
+        raise pickle.UnpicklingError(f"getattr({owner!r}, {name!r}) is not an allowed Enum member")
+
+    return [*safe_globals, (enum_member, "builtins.getattr")]
+
+
 def load_weights_only(path: Path, safe_globals: Sequence[type] = (), mmap: bool = True) -> Any:
     """``torch.load`` that admits tensors and plain data only; any other file is one sentence.
 
@@ -59,7 +78,7 @@ def load_weights_only(path: Path, safe_globals: Sequence[type] = (), mmap: bool 
     archive (a raw pickle; with ``mmap``, also the pre-1.6 format), and a damaged one.
     """
     try:
-        with torch.serialization.safe_globals(list(safe_globals)), warnings.catch_warnings():
+        with torch.serialization.safe_globals(_admitted(safe_globals)), warnings.catch_warnings():
             # A raw pickle draws a warning about its protocol before the refusal: noise.
             warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
