@@ -154,7 +154,7 @@ class SelfAttention(nn.Module):
         self,
         x: torch.Tensor,
         attn_mask: torch.Tensor | None,
-        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rotary: torch.Tensor | None = None,
         rows: Rows | None = None,
     ) -> torch.Tensor:
         """``x`` ``[B, L, H]`` -> ``[B, L, H]``, or ``[N, H]`` at ``rows`` only.
