@@ -27,12 +27,9 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from advpt.models import ENCODER_PRESETS, MaskedLanguageModel  # noqa: E402
-from advpt.models.hf_esm import hf_config, hf_state  # noqa: E402
-from advpt.tokenizer import ESM  # noqa: E402
+from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
+from advpt.models.hf_esm import hf_config, hf_state
+from advpt.tokenizer import ESM
 
 STANDARD = "ACDEFGHIKLMNPQRSTVWY"  # residues of the random sequences
 
