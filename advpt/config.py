@@ -72,6 +72,9 @@ masking, the paper's total), ``random-15`` BERT's 15%; the others change one thi
 paper's setting, ``context-warmup`` two (a context-only noiser that starts after a quarter of
 the encoder steps of random masking)."""
 
+TRACKERS = ("tensorboard", "wandb", "mlflow", "csv")
+"""Where a run's metrics can go besides metrics.jsonl (``advpt.training.trackers``)."""
+
 DEBUG_HELP = "on an error, show its traceback, not only its one sentence"
 
 
@@ -244,6 +247,27 @@ class RunConfig:
     """End this job cleanly, with a checkpoint, after this many encoder steps; 0 is off."""
     max_skipped_in_a_row: int = 20
     """Non-finite steps in a row (of one model) after which the run saves and stops."""
+    tracker: str = "tensorboard"
+    """Where metrics go besides metrics.jsonl: tensorboard, wandb, mlflow, csv, several joined by
+    commas (tensorboard,wandb), or none. Every tracker plots against the encoder step. wandb
+    honours WANDB_MODE (offline needs no network); mlflow logs to MLFLOW_TRACKING_URI, else to
+    mlflow.db in run_dir; csv writes run_dir/metrics.csv."""
+    project: str = "advpt"
+    """The W&B project (unless WANDB_PROJECT is set) and MLflow experiment of the run."""
+
+    @property
+    def trackers(self) -> list[str]:
+        """``tracker`` as a list of names, unknown ones refused (``none`` is the empty list)."""
+        names = list(dict.fromkeys(n.strip() for n in self.tracker.split(",") if n.strip()))
+        if names == ["none"]:
+            return []
+        for name in names:
+            if name not in TRACKERS:
+                raise ConfigError(
+                    f"--tracker {self.tracker!r}: unknown tracker {name!r}; choose from "
+                    f"{', '.join(TRACKERS)} (several joined by commas) or none"
+                )
+        return names
 
 
 @dataclass
@@ -302,12 +326,14 @@ class TrainConfig:
             (r.eval_every >= 0, "eval_every must be >= 0"),
             (r.stop_after_steps >= 0, "stop_after_steps must be >= 0"),
             (r.max_skipped_in_a_row >= 1, "max_skipped_in_a_row must be at least 1"),
+            (bool(r.project.strip()), "project must not be empty"),
             (d.bucket_batches >= 1, "bucket_batches must be at least 1"),
             (d.num_workers >= 0, "num_workers must be >= 0"),
             (s.warmup_steps >= 0, "warmup_steps must be >= 0"),
             (0.0 <= s.batch_growth_at <= 1.0, "batch_growth_at must be in [0, 1]"),
             (self.model.activation_checkpointing >= 0, "activation_checkpointing must be >= 0"),
         ])  # fmt: skip
+        _ = r.trackers  # refuses an unknown tracker name
 
     @property
     def adversarial(self) -> bool:

@@ -1,32 +1,57 @@
 # Sourced by quickstart.sh and test.sh: a Python environment with torch, DeepSpeed and advpt.
 #
-# Uses the active virtual environment if there is one, else creates/uses .venv in the repo.
-# torch is installed only when none is importable; ADVPT_TORCH (default torch==2.13.0) says
-# which. Set it to the build that matches your CUDA, or install torch yourself first.
+# Which environment, in this order:
+#   1. the active virtual environment or conda environment (not conda's base): used as it is;
+#   2. otherwise .venv in the repo. When the system's python3 already imports torch (an NGC
+#      container, a cluster module), .venv is made with --system-site-packages so that this
+#      torch, with its CUDA build, is the one used.
+# torch is never replaced: advpt and its dependencies are installed with the importable torch
+# pinned to its own version. Only when none is importable is torch installed, from
+# ADVPT_TORCH (default torch==2.13.0), split into words so that it can carry pip options:
+#   ADVPT_TORCH="torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124"
+# ADVPT_EXTRAS names advpt's extras to install (quickstart: hf,parquet,plots; test.sh: dev).
 set -euo pipefail
 
 ADVPT_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ADVPT_ROOT"
+ADVPT_EXTRAS="${ADVPT_EXTRAS:-hf,parquet,plots}"
 
-if [ -z "${VIRTUAL_ENV:-}" ]; then
+if [ -n "${VIRTUAL_ENV:-}" ]; then
+    ADVPT_ENV="$VIRTUAL_ENV"
+elif [ -n "${CONDA_PREFIX:-}" ] && [ "${CONDA_DEFAULT_ENV:-base}" != "base" ]; then
+    ADVPT_ENV="$CONDA_PREFIX"
+else
     if [ ! -x .venv/bin/python ]; then
-        echo "[advpt] creating virtual environment .venv"
-        python3 -m venv .venv
+        if python3 -c "import torch" >/dev/null 2>&1; then
+            echo "[advpt] creating .venv on top of the system's torch $(python3 -c \
+                'import torch; print(torch.__version__)' 2>/dev/null) (--system-site-packages)"
+            python3 -m venv --system-site-packages .venv
+        else
+            echo "[advpt] creating virtual environment .venv"
+            python3 -m venv .venv
+        fi
     fi
     # shellcheck disable=SC1091
     source .venv/bin/activate
+    ADVPT_ENV="$VIRTUAL_ENV"
 fi
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 if ! python -c "import torch" >/dev/null 2>&1; then
-    echo "[advpt] installing ${ADVPT_TORCH:-torch==2.13.0}"
-    python -m pip install --quiet "${ADVPT_TORCH:-torch==2.13.0}"
+    read -r -a torch_spec <<<"${ADVPT_TORCH:-torch==2.13.0}"
+    echo "[advpt] installing ${torch_spec[*]}"
+    python -m pip install --quiet "${torch_spec[@]}"
 fi
-if ! python -c "import advpt, deepspeed, pytest, ruff" >/dev/null 2>&1 \
-    || [ pyproject.toml -nt "$VIRTUAL_ENV/.advpt-installed" ]; then
-    echo "[advpt] installing advpt and its dependencies"
-    python -m pip install --quiet -e ".[dev]"
-    touch "$VIRTUAL_ENV/.advpt-installed" 2>/dev/null || true
+stamp="$ADVPT_ENV/.advpt-installed-$ADVPT_EXTRAS"
+if ! python -c "import advpt, deepspeed" >/dev/null 2>&1 || [ ! -e "$stamp" ] \
+    || [ pyproject.toml -nt "$stamp" ]; then
+    echo "[advpt] installing advpt[$ADVPT_EXTRAS] and its dependencies (keeping torch" \
+        "$(python -c 'import torch; print(torch.__version__)' 2>/dev/null))"
+    pin="$(mktemp)"
+    python -c 'import torch; print(f"torch=={torch.__version__}")' 2>/dev/null >"$pin"
+    python -m pip install --quiet --constraint "$pin" -e ".[$ADVPT_EXTRAS]"
+    rm -f "$pin"
+    touch "$stamp" 2>/dev/null || true
 fi
 
 # Without a GPU, DeepSpeed runs on the CPU accelerator (gloo, CPU configs).

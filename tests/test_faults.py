@@ -224,7 +224,7 @@ def test_metrics_of_a_resumed_run_drop_a_torn_last_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(
         json.dumps({"step": 1, "x": 1}) + "\n" + json.dumps({"step": 2}) + "\n" + '{"step": 3, "x'
     )
-    MetricsWriter(tmp_path, enabled=True, resume_step=2).close()
+    MetricsWriter(tmp_path, enabled=True, resume=(2, 1)).close()
     assert read_metrics(tmp_path) == [{"step": 1, "x": 1}, {"step": 2}]
 
 

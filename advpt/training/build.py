@@ -32,6 +32,7 @@ from advpt.training.consolidate import load_model
 from advpt.training.engines import build_engine, load_ds_config
 from advpt.training.preemption import StopSignals
 from advpt.training.schedule import noiser_lr_steps, random_only_steps
+from advpt.training.trackers import check_available
 from advpt.training.trainer import Trainer
 
 
@@ -98,6 +99,7 @@ def build_trainer(
     config: TrainConfig, device: torch.device, stop_signals: StopSignals | None = None
 ) -> Trainer:
     """Data, models and engines for ``config``."""
+    check_available(config.run.trackers)
     rank, world = dist.get_rank(), dist.get_world_size()
     board_dir = Path(config.run.run_dir) / "tensorboard"
     encoder_ds = load_ds_config(config.deepspeed_config, board_dir, "encoder")

@@ -2,10 +2,10 @@
 
 Between logging steps nothing leaves the device (no ``.item()``), so the hot loop never waits.
 At a logging step one packed ``all_reduce`` sums every counter over the ranks, and rank 0 writes
-the scalars to TensorBoard (``<run_dir>/tensorboard``) and one JSON object per line to
-``<run_dir>/metrics.jsonl``. Every line carries its wall-clock time: ``time`` (Unix seconds) and
-``elapsed_s`` (seconds since this job started training; a resumed job starts again from 0), which
-``advpt.report`` adds up job by job.
+one JSON object per line to ``<run_dir>/metrics.jsonl`` and the scalars to the run's trackers
+(TensorBoard in ``<run_dir>/tensorboard`` by default: ``advpt.training.trackers``). Every line
+carries its wall-clock time: ``time`` (Unix seconds) and ``elapsed_s`` (seconds since this job
+started training; a resumed job starts again from 0), which ``advpt.report`` adds up job by job.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.tensorboard import SummaryWriter
 
 from advpt.data.collate import Batch
 from advpt.errors import cannot_write
@@ -28,6 +27,7 @@ from advpt.masking.importance import effective_sample_share
 from advpt.models.encoder import MLMOutput
 from advpt.tokenizer import Vocabulary
 from advpt.training.objective import Draw
+from advpt.training.trackers import Tracker, open_trackers
 
 logger = logging.getLogger(__name__)
 
@@ -227,21 +227,36 @@ def check_collapse(record: dict[str, Any], threshold: float, warn: bool, already
 
 
 class MetricsWriter:
-    """Rank 0's TensorBoard writer and ``metrics.jsonl``; other ranks write nothing."""
+    """Rank 0's ``metrics.jsonl`` and trackers (``--tracker``); other ranks write nothing.
 
-    def __init__(self, run_dir: Path, enabled: bool, resume_step: int | None = None):
+    ``metrics.jsonl`` keys each record by ``step`` (optimizer steps of both models, what a resume
+    truncates by) and carries ``encoder_step``; the trackers plot every scalar against the encoder
+    step (``advpt.training.trackers``).
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        enabled: bool,
+        resume: tuple[int, int] | None = None,
+        trackers: list[str] | tuple[str, ...] = ("tensorboard",),
+        project: str = "advpt",
+        config: dict[str, Any] | None = None,
+    ):
+        """``resume``: (step, encoder step) of the checkpoint a resumed run starts from."""
         self.enabled = enabled
         self.jsonl_path = run_dir / "metrics.jsonl"
         self.started = time.time()
-        self.board: SummaryWriter | None = None
+        self.trackers: list[Tracker] = []
         if not enabled:
             return
         try:
-            if resume_step is not None:
-                self._truncate_after(resume_step)
-            self.board = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step)
+            if resume is not None:
+                self._truncate_after(resume[0])
             # A fresh run starts a fresh file; a resumed one continues it.
-            self.jsonl = self.jsonl_path.open("w" if resume_step is None else "a")
+            self.jsonl = self.jsonl_path.open("w" if resume is None else "a")
+            encoder_step = None if resume is None else resume[1]
+            self.trackers = open_trackers(list(trackers), run_dir, encoder_step, project, config)
         except OSError as err:
             raise cannot_write(err, run_dir) from err
 
@@ -274,20 +289,31 @@ class MetricsWriter:
             self.jsonl.flush()
         except OSError as err:
             raise cannot_write(err, self.jsonl_path) from err
-        for key, value in record.items():
-            if key in ("step", "time", "elapsed_s"):
-                continue
-            if isinstance(value, dict):
-                for sub, v in value.items():
-                    self.board.add_scalar(f"{key}/{sub}", v, step)
-            elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.board.add_scalar(_board_tag(key), value, step)
-        self.board.flush()
+        scalars = _scalars(record)
+        x = record.get("encoder_step", step)
+        for tracker in self.trackers:
+            tracker.log(scalars, x)
 
     def close(self) -> None:
         if self.enabled:
             self.jsonl.close()
-            self.board.close()
+            for tracker in self.trackers:
+                tracker.close()
+
+
+def _scalars(record: dict[str, Any]) -> dict[str, float]:
+    """A record's numbers under their tracker names (``loss/encoder_loss``, ``residue_mask_
+    enrichment/A``); the axes and wall-clock stamps are not among them."""
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        if key in ("step", "encoder_step", "time", "elapsed_s"):
+            continue
+        if isinstance(value, dict):
+            for sub, v in value.items():
+                out[f"{key}/{sub}"] = v
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[_board_tag(key)] = value
+    return out
 
 
 def _board_tag(key: str) -> str:

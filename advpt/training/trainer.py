@@ -155,7 +155,11 @@ class Trainer:
         cfg = self.config
         resumed = cfg.run.resume and self.restore()
         self.write_config()  # after restore: a refused resume leaves the run's own config
-        writer = MetricsWriter(self.run_dir, self.is_main, self.counters.step if resumed else None)
+        writer = MetricsWriter(
+            self.run_dir, self.is_main,
+            (self.counters.step, self.counters.encoder_step) if resumed else None,
+            cfg.run.trackers, cfg.run.project, self.config.to_dict(),
+        )  # fmt: skip
         data = iter(
             stream_loader(
                 self.stream, self.counters.micro_batches, cfg.data.num_workers, ignore_in_worker
