@@ -45,6 +45,7 @@ from advpt.errors import (
     DataError,
     OutputError,
     cannot_write,
+    first_line,
     report,
     shorten,
 )
@@ -137,7 +138,7 @@ def read_variants(path: Path, sequence: str) -> VariantTable:
             if MUTANT_COLUMN not in columns:
                 raise DataError(
                     f"mutations file {path} has no {MUTANT_COLUMN!r} column (its columns: "
-                    f"{shorten(', '.join(columns))})"
+                    f"{first_line(', '.join(columns), 80)})"
                 )
             if SCORE_COLUMN in columns:
                 raise DataError(f"mutations file {path} already has a {SCORE_COLUMN!r} column")
