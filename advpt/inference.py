@@ -61,8 +61,8 @@ def load_for_inference(
     model = load_model(path)
     if need_head and not isinstance(model, MaskedLanguageModel):
         raise CheckpointError(
-            f"{path} holds an encoder without a masked-LM head, which scoring needs (use a "
-            "transformers EsmForMaskedLM directory, an advpt run or an export of one)"
+            f"{path} holds an encoder without a masked-LM head, which scoring needs (use an "
+            "advpt run or export, a transformers EsmForMaskedLM or TAPE ProteinBertForMaskedLM)"
         )
     return model.to(device).eval(), encoder_of(model).cfg.vocabulary
 

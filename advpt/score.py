@@ -2,10 +2,11 @@
 FILE.csv --out SCORES.csv``.
 
 ``MODEL`` is any directory advpt loads with its masked-LM head: an advpt run directory or
-export, a transformers ``EsmForMaskedLM`` directory. ``FILE.csv`` has a ``mutant`` column as
-ProteinGym writes it (``A24G``: wild-type letter, 1-based position in ``WT``, mutant letter;
-multi-mutants joined by ``:``, ``A24G:K30R``) and any other columns; ``SCORES.csv`` is the same
-rows and columns with a ``score`` column added, the sum over a variant's sites of
+export, a transformers ``EsmForMaskedLM`` or TAPE ``ProteinBertForMaskedLM`` directory.
+``FILE.csv`` has a ``mutant`` column as ProteinGym writes it (``A24G``: wild-type letter, 1-based
+position in ``WT``, mutant letter; multi-mutants joined by ``:``, ``A24G:K30R``) and any other
+columns; ``SCORES.csv`` is the same rows and columns with a ``score`` column added, the sum over
+a variant's sites of
 
     log p(mutant letter) - log p(wild-type letter)
 
@@ -299,7 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Score variants of a protein by a masked language model's log-odds.",
     )
     parser.add_argument(
-        "model", help="advpt run directory or export, or transformers EsmForMaskedLM directory"
+        "model",
+        help="advpt run directory or export, transformers EsmForMaskedLM or TAPE "
+        "ProteinBertForMaskedLM directory",
     )
     parser.add_argument("--sequence", required=True, help="the wild-type amino-acid sequence")
     parser.add_argument(

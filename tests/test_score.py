@@ -95,6 +95,42 @@ def test_scores_are_transformers_esm(hf_model, tmp_path, method, capsys):
     assert "Spearman" not in capsys.readouterr().out  # no DMS_score column
 
 
+def test_scores_are_tapes_own(tmp_path):
+    """A TAPE ProteinBertForMaskedLM directory scores as TAPE computes (its 30-token vocabulary,
+    <cls> ... <sep>)."""
+    tape = pytest.importorskip("tape")
+    config = tape.ProteinBertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = tape.ProteinBertForMaskedLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(str(tmp_path))
+    tokenizer = tape.TAPETokenizer(vocab="iupac")
+    ids = torch.tensor([tokenizer.encode(WILD_TYPE)])
+    mutations = write_csv(tmp_path / "m.csv", [{"mutant": v} for v in VARIANTS])
+    for method in ("masked-marginal", "wt-marginal"):
+        expected = []
+        for variant in VARIANTS:
+            total = 0.0
+            for site in variant.split(":"):
+                position, tokens = int(site[1:-1]), ids.clone()
+                if method == "masked-marginal":
+                    tokens[0, position] = tokenizer.convert_token_to_id("<mask>")
+                with torch.no_grad():
+                    log_probs = model(tokens)[0][0, position].log_softmax(-1)
+                mutant, wild_type = (tokenizer.convert_token_to_id(c) for c in (site[-1], site[0]))
+                total += float(log_probs[mutant] - log_probs[wild_type])
+            expected.append(total)
+        out = tmp_path / f"{method}.csv"
+        assert score(tmp_path, WILD_TYPE, mutations, out, "--method", method) == 0
+        got = [float(r["score"]) for r in read_csv(out)]
+        assert np.allclose(got, expected, rtol=0, atol=1e-5), (method, got, expected)
+
+
 def train_to_known_answer(steps: int = 300) -> MaskedLanguageModel:
     """A tiny TAPE masked LM fitted to copies of ``WILD_TYPE`` whose position 10 holds W in 60%,
     F in 30% and the wild type's R in 10% of them, always masked there: its masked marginal at
