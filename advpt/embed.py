@@ -78,7 +78,7 @@ def resolve_layers(requested: list[int], num_layers: int) -> list[int]:
         if not 0 <= resolved <= num_layers:
             raise ConfigError(
                 f"--layers {layer}: the model has layers 0 (the embeddings) to {num_layers} "
-                f"(also -1)"
+                "(also -1)"
             )
         if resolved not in layers:
             layers.append(resolved)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from advpt.embed import main
+from advpt.embed import length_batches, main
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.pretrained import save_tape
 from tests.helpers import save_tiny_esm
@@ -133,3 +133,16 @@ def test_bad_inputs_are_one_sentence(hf_model, tmp_path, capsys):
     with np.load(out) as npz:
         assert npz["names"].tolist() == list(RECORDS)
     assert [p.name for p in out.parent.iterdir()] == ["emb.npz"]
+
+
+def test_length_batches_keep_to_the_token_budget():
+    lengths = np.random.default_rng(0).integers(3, 400, size=500)
+    batches = list(length_batches(lengths, 1000))
+    assert sorted(np.concatenate(batches).tolist()) == list(range(500))
+    for batch in batches:
+        assert len(batch) * lengths[batch].max() <= 1000 or len(batch) == 1
+    longest = [int(lengths[b].max()) for b in batches]
+    assert longest == sorted(longest)
+    # a batch stops only where the next record would break the budget
+    for batch, following in zip(batches[:-1], batches[1:], strict=True):
+        assert (len(batch) + 1) * lengths[following[0]] > 1000
