@@ -110,7 +110,7 @@ def test_scores_are_tapes_own(tmp_path):
             p.add_(0.1 * torch.randn_like(p))
     model.save_pretrained(str(tmp_path))
     tokenizer = tape.TAPETokenizer(vocab="iupac")
-    ids = torch.tensor([tokenizer.encode(WILD_TYPE)])
+    ids = torch.from_numpy(tokenizer.encode(WILD_TYPE))[None]
     mutations = write_csv(tmp_path / "m.csv", [{"mutant": v} for v in VARIANTS])
     for method in ("masked-marginal", "wt-marginal"):
         expected = []
