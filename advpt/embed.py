@@ -287,8 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("--tokens_per_batch must be positive")
         device = pick_device(args.device)
         dataset = open_data(args.input, args.data_cache, args.unknown_to_unk)
-        model, _ = load_for_inference(args.model, device)
-        encoder = encoder_of(model)
+        encoder = encoder_of(load_for_inference(args.model, device))
         layers = resolve_layers(args.layers, encoder.cfg.num_layers)
         with npz_output(out) as parts:
             embed_dataset(encoder, dataset, parts, layers, args.per_residue, args.tokens_per_batch)

@@ -1,8 +1,8 @@
 """A trained model outside training, as ``advpt.score`` and ``advpt.embed`` use one.
 
 * :func:`load_for_inference`: any directory advpt reads (an advpt run or export, a Hugging Face
-  ESM-2 directory, a TAPE ``save_pretrained`` directory), fp32, in eval mode, on a device, with
-  the vocabulary its token ids come from (TAPE's 30 tokens or ESM's 33).
+  ESM-2 directory, a TAPE ``save_pretrained`` directory), fp32, in eval mode, on a device; its
+  token ids are those of ``encoder_of(model).cfg.vocabulary`` (TAPE's 30 tokens or ESM's 33).
 * :func:`pad`: token id arrays ``[<cls>, residues..., <eos>]`` as one padded batch.
 * :func:`atomic_output`: a result file written beside its destination and moved in when
   complete, never over an existing one unless asked.
@@ -22,7 +22,6 @@ import torch
 from advpt.errors import CheckpointError, ConfigError, OutputError
 from advpt.models.encoder import Encoder, MaskedLanguageModel
 from advpt.models.pretrained import encoder_of
-from advpt.tokenizer import Vocabulary
 from advpt.training.consolidate import load_model
 
 SPECIAL_TOKENS = 2  # <cls> before a sequence's residues and <eos> (TAPE's <sep>) after them
@@ -52,8 +51,8 @@ def pick_device(name: str) -> torch.device:
 
 def load_for_inference(
     path: str, device: torch.device, need_head: bool = False
-) -> tuple[MaskedLanguageModel | Encoder, Vocabulary]:
-    """The model saved in ``path`` on ``device`` (fp32, eval mode) and its vocabulary.
+) -> MaskedLanguageModel | Encoder:
+    """The model saved in ``path`` on ``device`` (fp32, eval mode).
 
     A masked LM where the directory has an MLM head, else the bare encoder; with ``need_head``
     an encoder alone is a ``CheckpointError``.
@@ -64,7 +63,7 @@ def load_for_inference(
             f"{path} holds an encoder without a masked-LM head, which scoring needs (use an "
             "advpt run or export, a transformers EsmForMaskedLM or TAPE ProteinBertForMaskedLM)"
         )
-    return model.to(device).eval(), encoder_of(model).cfg.vocabulary
+    return model.to(device).eval()
 
 
 def max_residues(model: MaskedLanguageModel | Encoder) -> int:

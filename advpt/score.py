@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         sequence = check_sequence(args.sequence)
         table = read_variants(mutations, sequence)
         dms = measured(table, mutations)
-        model, _ = load_for_inference(args.model, device, need_head=True)
+        model = load_for_inference(args.model, device, need_head=True)
         scores = score_variants(model, sequence, table.variants, args.method, args.tokens_per_batch)
         write_scores(table, scores, out)
     except (CheckpointError, ConfigError, DataError, OutputError) as exc:
