@@ -7,7 +7,8 @@ consolidate, are read by ``advpt.training.consolidate``; Hugging Face ESM-2 dire
 * an advpt export (``config.json`` + ``model.safetensors``, written by ``advpt.export``), which
   loads with torch and safetensors alone, no DeepSpeed: the encoder, and its MLM head where the
   source had one (:func:`load_masked_lm`), so that an export can score sequences and mutations;
-* a TAPE ``ProteinBertModel.save_pretrained`` directory (``config.json`` + ``pytorch_model.bin``).
+* a TAPE ``ProteinBertModel.save_pretrained`` directory (``config.json`` + ``pytorch_model.bin``),
+  with its MLM head when it is a ``ProteinBertForMaskedLM``'s.
 
 Fine-tuned models (encoder + TAPE head, written by ``advpt.finetune``) use the export layout
 with their task and head settings added: :func:`save_task_model` / :func:`load_task_model`.
@@ -319,6 +320,14 @@ _TAPE_LAYER = {
     "ffn_norm": "output.LayerNorm",
 }
 _QKV = ("query", "key", "value")
+# advpt MLMHead name -> TAPE ProteinBertForMaskedLM name (its decoder is the word embeddings).
+_TAPE_HEAD = {
+    "dense.weight": "mlm.transform.dense.weight",
+    "dense.bias": "mlm.transform.dense.bias",
+    "norm.weight": "mlm.transform.LayerNorm.weight",
+    "norm.bias": "mlm.transform.LayerNorm.bias",
+    "bias": "mlm.bias",
+}
 
 
 def tape_config(cfg: EncoderConfig) -> dict[str, Any]:
@@ -338,8 +347,9 @@ def _encoder_config_from_tape(config: dict[str, Any], source: Path) -> EncoderCo
     return EncoderConfig(**{key: config[tape_key] for key, tape_key in BERT_CONFIG.items()})
 
 
-def load_tape(tape_dir: str | Path) -> ProteinEncoder:
-    """A TAPE ``ProteinBertModel`` (or task model: ``bert.`` prefix) as an advpt encoder."""
+def load_tape(tape_dir: str | Path) -> ProteinEncoder | MaskedLanguageModel:
+    """A TAPE ``ProteinBertModel`` (or task model: ``bert.`` prefix) as an advpt encoder; a
+    ``ProteinBertForMaskedLM`` (``mlm.`` tensors) as a masked LM."""
     root = Path(tape_dir)
     cfg = _encoder_config_from_tape(read_json(root / CONFIG_FILE), root / CONFIG_FILE)
     weights = root / TAPE_WEIGHTS
@@ -360,7 +370,12 @@ def load_tape(tape_dir: str | Path) -> ProteinEncoder:
         + get("embeddings.token_type_embeddings.weight")[0]
     )
     state |= layers_from_bert(get, "encoder.layer.", _TAPE_LAYER, cfg.num_layers)
-    return build_encoder(cfg, state, weights)
+    if not any(name.startswith("mlm.") for name in tape):
+        return build_encoder(cfg, state, weights)
+    state = {f"encoder.{k}": v for k, v in state.items()}
+    state |= {f"head.{k}": get(tape_name) for k, tape_name in _TAPE_HEAD.items()}
+    state["head.token_embedding.weight"] = state["encoder.token_embedding.weight"]
+    return load_into(MaskedLanguageModel(cfg), state, weights)
 
 
 def save_tape(encoder: Encoder, out_dir: Path) -> None:

@@ -1,0 +1,302 @@
+"""Sequence embeddings: ``python -m advpt.embed MODEL INPUT --out EMB.npz``.
+
+``MODEL`` is any directory advpt loads (an advpt run directory or export, a transformers ESM-2
+directory, a TAPE ``save_pretrained`` directory). ``INPUT`` is FASTA (plain or ``.gz``), any
+other input ``--data`` takes, or a prepared dataset; raw inputs are prepared once into the data
+cache (``--data_cache``), as training does, so that records are read by index and never held in
+memory together.
+
+``EMB.npz`` holds, as ESM's ``extract.py`` computes them:
+
+* ``names``: ``[N]`` str, the record names in input order;
+* ``mean``: ``[N, H]`` float32, the final layer's hidden states (ESM-2: after its final
+  LayerNorm) averaged over each sequence's residues, ``<cls>`` and ``<eos>`` excluded;
+* with ``--per_residue``: ``per_residue`` ``[R, H]`` float32, every residue's hidden state, the
+  records one after another, and ``offsets`` ``[N + 1]`` int64: record ``i``'s residues are
+  ``per_residue[offsets[i]:offsets[i + 1]]``;
+* with ``--layers 0 3 ...``: the same for those layers too, as ``mean_<layer>`` (and
+  ``per_residue_<layer>``); layer 0 is the embeddings (ESM-2: after token dropout's scaling),
+  ``l`` the output of the ``l``-th transformer layer, and the last one (also ``-1``) is ``mean``.
+
+Sequences are batched by length (``--tokens_per_batch`` tokens at most, a longer sequence
+alone), so little is padding, and every result is written at its record's place: the arrays go
+to memory-mapped ``.npy`` files beside ``EMB.npz``, which are zipped into it when complete. A
+record longer than the model's positions (1,024 residues for ESM-2) is an error naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from advpt.config import DEBUG_HELP
+from advpt.data.cache import open_data
+from advpt.data.prepared import ProteinDataset
+from advpt.errors import (
+    EXIT_BAD_INPUT,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    OutputError,
+    cannot_write,
+    report,
+    shorten,
+)
+from advpt.inference import (
+    DEVICE_HELP,
+    OVERWRITE_HELP,
+    SPECIAL_TOKENS,
+    TOKENS_PER_BATCH_HELP,
+    atomic_output,
+    load_for_inference,
+    max_residues,
+    pad,
+    pick_device,
+    refuse_existing,
+)
+from advpt.models.encoder import Encoder
+from advpt.models.pretrained import encoder_of
+
+NAME_CHUNK = 1 << 16  # names written at a time
+
+
+def resolve_layers(requested: list[int], num_layers: int) -> list[int]:
+    """The layers to write, ``0 .. num_layers``, the last first; negative ones count back from
+    ``num_layers`` (``-1`` is the last)."""
+    layers = [num_layers]
+    for layer in requested:
+        resolved = layer + num_layers + 1 if layer < 0 else layer
+        if not 0 <= resolved <= num_layers:
+            raise ConfigError(
+                f"--layers {layer}: the model has layers 0 (the embeddings) to {num_layers} "
+                "(also -1)"
+            )
+        if resolved not in layers:
+            layers.append(resolved)
+    return layers
+
+
+def layer_key(name: str, layer: int, last: int) -> str:
+    """``mean`` / ``per_residue`` for the last layer, ``mean_3`` / ``per_residue_3`` for 3."""
+    return name if layer == last else f"{name}_{layer}"
+
+
+@torch.no_grad()
+def layer_states(
+    encoder: Encoder, ids: torch.Tensor, valid: torch.Tensor, layers: list[int]
+) -> dict[int, torch.Tensor]:
+    """Hidden states ``[B, L, H]`` of ``layers`` (0: the embeddings entering the first layer,
+    ``l``: layer ``l``'s output, the last: the encoder's output) for ids ``[B, L]``."""
+    states: dict[int, torch.Tensor] = {}
+    last = encoder.cfg.num_layers
+
+    def keep_input(_module: torch.nn.Module, args: tuple) -> None:
+        states[0] = args[0]
+
+    def keeper(layer: int):
+        def keep_output(_module: torch.nn.Module, _args: tuple, out: torch.Tensor) -> None:
+            states[layer] = out
+
+        return keep_output
+
+    hooks = []
+    if 0 in layers and last > 0:
+        hooks.append(encoder.layers[0].register_forward_pre_hook(keep_input))
+    for layer in layers:
+        if 0 < layer < last:
+            hooks.append(encoder.layers[layer - 1].register_forward_hook(keeper(layer)))
+    try:
+        states[last] = encoder(ids, valid)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return states
+
+
+def length_batches(lengths: np.ndarray, tokens_per_batch: int) -> Iterator[np.ndarray]:
+    """Record numbers in batches of similar token ``lengths`` ``[N]``, shortest first, each at
+    most ``tokens_per_batch`` tokens when padded (a longer record alone)."""
+    order = np.argsort(lengths, kind="stable")
+    start = 0
+    for end in range(1, len(order) + 1):
+        if end == len(order) or (end - start + 1) * lengths[order[end]] > tokens_per_batch:
+            yield order[start:end]
+            start = end
+
+
+class NpzParts:
+    """The arrays of an ``.npz``, each a memory-mapped ``.npy`` in ``folder`` to be filled in any
+    order, then zipped (uncompressed, as ``np.savez``) into one file."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def add(self, key: str, shape: tuple[int, ...], dtype: str | type) -> np.ndarray:
+        path = self.folder / f"{key}.npy"
+        self.arrays[key] = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+        return self.arrays[key]
+
+    def zip_into(self, path: Path) -> None:
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            for key, array in self.arrays.items():
+                if isinstance(array, np.memmap):
+                    array.flush()
+                archive.write(self.folder / f"{key}.npy", f"{key}.npy")
+
+
+def write_names(parts: NpzParts, dataset: ProteinDataset) -> None:
+    """``names`` ``[N]`` str, in record order, a chunk at a time."""
+    widths = np.diff(dataset.name_offsets[:])  # UTF-8 bytes: at least the characters
+    names = parts.add("names", (len(dataset),), f"<U{max(1, int(widths.max()))}")
+    for start in range(0, len(dataset), NAME_CHUNK):
+        stop = min(start + NAME_CHUNK, len(dataset))
+        names[start:stop] = [dataset.name(i) for i in range(start, stop)]
+
+
+def check_lengths(dataset: ProteinDataset, lengths: np.ndarray, limit: int) -> None:
+    """A ``DataError`` naming the first record of more than ``limit`` residues."""
+    too_long = np.flatnonzero(lengths - SPECIAL_TOKENS > limit)
+    if too_long.size:
+        record = int(too_long[0])
+        raise DataError(
+            f"record {shorten(dataset.name(record))} of {dataset.directory} has "
+            f"{lengths[record] - SPECIAL_TOKENS} residues; the model reads at most {limit} "
+            f"({too_long.size} record(s) are too long)"
+        )
+
+
+def embed_dataset(
+    encoder: Encoder,
+    dataset: ProteinDataset,
+    parts: NpzParts,
+    layers: list[int],
+    per_residue: bool,
+    tokens_per_batch: int,
+) -> None:
+    """Fill ``parts`` with ``dataset``'s names and embeddings (see the module docstring)."""
+    vocab, last = encoder.cfg.vocabulary, encoder.cfg.num_layers
+    device = next(encoder.parameters()).device
+    lengths = dataset.token_lengths(np.arange(len(dataset)))  # [N] with <cls> and <eos>
+    check_lengths(dataset, lengths, max_residues(encoder))
+    write_names(parts, dataset)
+    n, hidden = len(dataset), encoder.cfg.hidden_size
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths - SPECIAL_TOKENS, out=offsets[1:])
+    means = {layer: parts.add(layer_key("mean", layer, last), (n, hidden), np.float32)
+             for layer in layers}  # fmt: skip
+    residues = {}
+    if per_residue:
+        parts.add("offsets", (n + 1,), np.int64)[:] = offsets
+        for layer in layers:
+            key = layer_key("per_residue", layer, last)
+            residues[layer] = parts.add(key, (int(offsets[-1]), hidden), np.float32)
+    with tqdm(total=n, unit="seq", desc="embedding", disable=None, file=sys.stderr) as bar:
+        for batch in length_batches(lengths, tokens_per_batch):
+            ids, valid = pad([dataset.ids(int(i), vocab) for i in batch], vocab.pad_id, device)
+            count = torch.from_numpy(lengths[batch] - SPECIAL_TOKENS).to(device)  # [B]
+            positions = torch.arange(ids.shape[1], device=device)
+            is_residue = (positions >= 1) & (positions <= count[:, None])  # [B, L]
+            for layer, states in layer_states(encoder, ids, valid, layers).items():
+                states = states.float()  # [B, L, H]
+                summed = (states * is_residue[..., None]).sum(1)  # [B, H]
+                means[layer][batch] = (summed / count[:, None]).cpu().numpy()
+                if per_residue:
+                    flat = states[is_residue].cpu().numpy()  # [residues of the batch, H]
+                    at = np.concatenate(([0], np.cumsum(lengths[batch] - SPECIAL_TOKENS)))
+                    for j, record in enumerate(batch):
+                        start = offsets[record]
+                        residues[layer][start : offsets[record + 1]] = flat[at[j] : at[j + 1]]
+            bar.update(len(batch))
+
+
+@contextlib.contextmanager
+def npz_output(out: Path) -> Iterator[NpzParts]:
+    """:class:`NpzParts` in a staging folder beside ``out``, zipped atomically into ``out``
+    when the block ends without an error; nothing is left behind either way."""
+    try:
+        with (
+            atomic_output(out) as staging,
+            tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as folder,
+        ):
+            parts = NpzParts(Path(folder))
+            yield parts
+            parts.zip_into(staging)
+    except OSError as err:
+        raise cannot_write(err, out) from err
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m advpt.embed",
+        description="Embed protein sequences with a pre-trained encoder (an .npz of arrays).",
+    )
+    parser.add_argument(
+        "model", help="advpt run directory or export, transformers ESM-2 or TAPE directory"
+    )
+    parser.add_argument(
+        "input", help="FASTA (or .gz), TAPE LMDB/JSON, Parquet, or a prepared dataset"
+    )
+    parser.add_argument("--out", required=True, help=".npz file to write")
+    parser.add_argument(
+        "--per_residue",
+        action="store_true",
+        help="also write every residue's hidden states (per_residue, offsets)",
+    )
+    parser.add_argument(
+        "--layers",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="LAYER",
+        help="also write these layers (0: the embeddings; -1: the last, always written)",
+    )
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+    parser.add_argument("--tokens_per_batch", type=int, default=8192, help=TOKENS_PER_BATCH_HELP)
+    parser.add_argument(
+        "--unknown_to_unk",
+        action="store_true",
+        help="read characters outside the alphabet as <unk> instead of stopping with an error",
+    )
+    parser.add_argument(
+        "--data_cache",
+        default="",
+        help="where raw inputs are prepared (default: $ADVPT_DATA_CACHE, else ~/.cache/advpt/data)",
+    )
+    parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit code 0, or 2 with one sentence naming the bad input."""
+    args = build_parser().parse_args(argv)
+    out = Path(args.out)
+    try:
+        refuse_existing(out, args.overwrite)
+        if args.tokens_per_batch < 1:
+            raise ConfigError("--tokens_per_batch must be positive")
+        device = pick_device(args.device)
+        dataset = open_data(args.input, args.data_cache, args.unknown_to_unk)
+        encoder = encoder_of(load_for_inference(args.model, device))
+        layers = resolve_layers(args.layers, encoder.cfg.num_layers)
+        with npz_output(out) as parts:
+            embed_dataset(encoder, dataset, parts, layers, args.per_residue, args.tokens_per_batch)
+    except (CheckpointError, ConfigError, DataError, OutputError) as exc:
+        return report(exc, EXIT_BAD_INPUT, args.debug)
+    width = encoder.cfg.hidden_size
+    print(f"embedded {len(dataset):,} sequences ({width} dimensions) to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

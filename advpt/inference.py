@@ -1,0 +1,106 @@
+"""A trained model outside training, as ``advpt.score`` and ``advpt.embed`` use one.
+
+* :func:`load_for_inference`: any directory advpt reads (an advpt run or export, a Hugging Face
+  ESM-2 directory, a TAPE ``save_pretrained`` directory), fp32, in eval mode, on a device; its
+  token ids are those of ``encoder_of(model).cfg.vocabulary`` (TAPE's 30 tokens or ESM's 33).
+* :func:`pad`: token id arrays ``[<cls>, residues..., <eos>]`` as one padded batch.
+* :func:`atomic_output`: a result file written beside its destination and moved in when
+  complete, never over an existing one unless asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from advpt.errors import CheckpointError, ConfigError, OutputError
+from advpt.models.encoder import Encoder, MaskedLanguageModel
+from advpt.models.pretrained import encoder_of
+from advpt.training.consolidate import load_model
+
+SPECIAL_TOKENS = 2  # <cls> before a sequence's residues and <eos> (TAPE's <sep>) after them
+
+DEVICE_HELP = "where the model runs: auto (a GPU if there is one), cpu, cuda, cuda:1, ..."
+TOKENS_PER_BATCH_HELP = (
+    "tokens per forward pass (sequences are padded to the longest in their batch); more is "
+    "faster where memory allows"
+)
+OVERWRITE_HELP = "replace --out if it exists (otherwise an existing file is an error)"
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto`` (a GPU if present, else the CPU) or a torch device name, checked."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(
+            f"--device {name!r} is not a device (auto, cpu, cuda, cuda:1, ...)"
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {name} asks for a GPU, but PyTorch sees none")
+    return device
+
+
+def load_for_inference(
+    path: str, device: torch.device, need_head: bool = False
+) -> MaskedLanguageModel | Encoder:
+    """The model saved in ``path`` on ``device`` (fp32, eval mode).
+
+    A masked LM where the directory has an MLM head, else the bare encoder; with ``need_head``
+    an encoder alone is a ``CheckpointError``.
+    """
+    model = load_model(path)
+    if need_head and not isinstance(model, MaskedLanguageModel):
+        raise CheckpointError(
+            f"{path} holds an encoder without a masked-LM head, which scoring needs (use an "
+            "advpt run or export, a transformers EsmForMaskedLM or TAPE ProteinBertForMaskedLM)"
+        )
+    return model.to(device).eval()
+
+
+def max_residues(model: MaskedLanguageModel | Encoder) -> int:
+    """The most residues one sequence may have: the model's positions less ``<cls>``/``<eos>``."""
+    return encoder_of(model).cfg.max_positions - SPECIAL_TOKENS
+
+
+def pad(rows: list[np.ndarray], pad_id: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Ids ``[B, L]`` (int64, ``pad_id`` after each row's end) and ``valid`` ``[B, L]`` bool of
+    the id arrays ``rows``, on ``device``."""
+    lengths = torch.tensor([len(row) for row in rows])
+    ids = torch.full((len(rows), int(lengths.max())), pad_id, dtype=torch.int64)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.from_numpy(np.asarray(row, dtype=np.int64))
+    valid = torch.arange(ids.shape[1]) < lengths[:, None]
+    return ids.to(device), valid.to(device)
+
+
+def refuse_existing(path: Path, overwrite: bool) -> None:
+    """An ``OutputError`` if ``path`` exists and may not be replaced (or is no file)."""
+    if path.is_dir():
+        raise OutputError(f"--out {path} is a directory; name the file to write")
+    if path.exists() and not overwrite:
+        raise OutputError(f"--out {path} exists; pass --overwrite to replace it")
+
+
+@contextlib.contextmanager
+def atomic_output(path: Path) -> Iterator[Path]:
+    """A temporary file beside ``path`` to write; moved onto ``path`` (mode 0644) when the block
+    ends without an error, deleted when it raises: a reader never sees half a result."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    staging = Path(name)
+    try:
+        yield staging
+        os.chmod(staging, 0o644)
+        os.replace(staging, path)
+    finally:
+        staging.unlink(missing_ok=True)

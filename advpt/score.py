@@ -1,0 +1,352 @@
+"""Zero-shot variant-effect scores: ``python -m advpt.score MODEL --sequence WT --mutations
+FILE.csv --out SCORES.csv``.
+
+``MODEL`` is any directory advpt loads with its masked-LM head: an advpt run directory or
+export, a transformers ``EsmForMaskedLM`` or TAPE ``ProteinBertForMaskedLM`` directory.
+``FILE.csv`` has a ``mutant`` column as ProteinGym writes it (``A24G``: wild-type letter, 1-based
+position in ``WT``, mutant letter; multi-mutants joined by ``:``, ``A24G:K30R``) and any other
+columns; ``SCORES.csv`` is the same rows and columns with a ``score`` column added, the sum over
+a variant's sites of
+
+    log p(mutant letter) - log p(wild-type letter)
+
+at the site, as ESM's ``predict.py`` scores variants (Meier et al. 2021):
+
+* ``--method masked-marginal`` (default): the site masked in the wild type, one site at a time;
+  each distinct site is one sequence of the batched forward passes, whatever the number of
+  variants that mutate it;
+* ``--method wt-marginal``: one forward pass of the unmasked wild type.
+
+The log-probabilities are over the model's whole vocabulary (ESM's 33 tokens, TAPE's 30), as
+ESM computes them. A wild type longer than the model's positions (1,024 residues for ESM-2) is
+an error: cut it to the region the variants cover and renumber them. If the CSV has a
+``DMS_score`` column, Spearman's rho between it and the scores is printed (rows without a
+``DMS_score`` left out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from advpt.config import DEBUG_HELP
+from advpt.errors import (
+    EXIT_BAD_INPUT,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    OutputError,
+    cannot_write,
+    first_line,
+    report,
+    shorten,
+)
+from advpt.inference import (
+    DEVICE_HELP,
+    OVERWRITE_HELP,
+    TOKENS_PER_BATCH_HELP,
+    atomic_output,
+    load_for_inference,
+    max_residues,
+    pick_device,
+    refuse_existing,
+)
+from advpt.models.encoder import MaskedLanguageModel, rows_of
+from advpt.tokenizer import IUPAC_LETTERS
+
+MUTANT_COLUMN, SCORE_COLUMN, MEASURED_COLUMN = "mutant", "score", "DMS_score"
+_MUTATION = re.compile(r"([A-Za-z])(\d+)([A-Za-z])")
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """One site of a variant: ``wild_type`` at 1-based ``position`` becomes ``mutant``."""
+
+    wild_type: str
+    position: int
+    mutant: str
+
+
+def parse_variant(text: str, sequence: str) -> list[Mutation]:
+    """The sites of ``A24G:K30R``, checked against ``sequence``; a ``ValueError`` saying what
+    is wrong otherwise."""
+    sites = []
+    for part in text.strip().split(":"):
+        match = _MUTATION.fullmatch(part.strip())
+        if match is None:
+            raise ValueError(f"{shorten(part)} is not a mutation like A24G")
+        wild_type, position, mutant = match[1].upper(), int(match[2]), match[3].upper()
+        for letter in (wild_type, mutant):
+            if letter not in IUPAC_LETTERS:
+                raise ValueError(f"{part} has {letter!r}, which is no amino-acid letter")
+        if not 1 <= position <= len(sequence):
+            raise ValueError(
+                f"{part}: position {position} is outside the {len(sequence)}-residue sequence"
+            )
+        if sequence[position - 1] != wild_type:
+            raise ValueError(
+                f"{part}: the sequence has {sequence[position - 1]!r} at {position}, not "
+                f"{wild_type!r}"
+            )
+        if any(site.position == position for site in sites):
+            raise ValueError(f"{text} mutates position {position} twice")
+        sites.append(Mutation(wild_type, position, mutant))
+    return sites
+
+
+def check_sequence(sequence: str) -> str:
+    """``sequence`` upper-cased (one trailing ``*`` dropped), or a ``ConfigError`` naming its
+    first character that is no residue letter."""
+    sequence = sequence.strip().removesuffix("*").upper()
+    if not sequence:
+        raise ConfigError("--sequence is empty")
+    for i, letter in enumerate(sequence):
+        if letter not in IUPAC_LETTERS:
+            raise ConfigError(
+                f"--sequence has {letter!r} at position {i + 1}, which is no amino-acid letter"
+            )
+    return sequence
+
+
+@dataclass
+class VariantTable:
+    """A mutations CSV: its columns, its rows (dicts, in file order), each row's sites and the
+    line it ends on (for messages)."""
+
+    columns: list[str]
+    rows: list[dict[str, str]]
+    variants: list[list[Mutation]]
+    lines: list[int]
+
+
+def read_variants(path: Path, sequence: str) -> VariantTable:
+    """The rows of the CSV ``path``; a ``DataError`` naming the line and column of a bad one."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            reader = csv.DictReader(handle, restkey="\0extra")
+            columns = list(reader.fieldnames or [])
+            if not columns:
+                raise DataError(f"mutations file {path} is empty")
+            if MUTANT_COLUMN not in columns:
+                raise DataError(
+                    f"mutations file {path} has no {MUTANT_COLUMN!r} column (its columns: "
+                    f"{first_line(', '.join(columns), 80)})"
+                )
+            if SCORE_COLUMN in columns:
+                raise DataError(f"mutations file {path} already has a {SCORE_COLUMN!r} column")
+            rows, variants, lines = [], [], []
+            for row in reader:
+                where = f"mutations file {path} line {reader.line_num}"
+                if "\0extra" in row:
+                    raise DataError(f"{where} has more fields than the header's {len(columns)}")
+                try:
+                    variants.append(parse_variant(row[MUTANT_COLUMN] or "", sequence))
+                except ValueError as err:
+                    raise DataError(f"{where}, column {MUTANT_COLUMN!r}: {err}") from None
+                rows.append(row)
+                lines.append(reader.line_num)
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"cannot read mutations file {path}: {err}") from None
+    except csv.Error as err:
+        raise DataError(f"mutations file {path} is not a readable CSV ({err})") from None
+    if not rows:
+        raise DataError(f"mutations file {path} has a header but no rows")
+    return VariantTable(columns, rows, variants, lines)
+
+
+# ----------------------------------------------------------------------------- scoring
+
+
+@torch.no_grad()
+def masked_marginals(
+    model: MaskedLanguageModel, ids: torch.Tensor, positions: list[int], tokens_per_batch: int
+) -> dict[int, torch.Tensor]:
+    """Log-probabilities ``[V]`` at each 1-based ``position`` of the wild type ``ids`` ``[L]``
+    (``<cls>`` + residues + ``<eos>``) with that position masked, in batches of whole copies."""
+    vocab = model.encoder.cfg.vocabulary
+    per_batch = max(1, tokens_per_batch // ids.numel())
+    out: dict[int, torch.Tensor] = {}
+    for start in range(0, len(positions), per_batch):
+        chunk = positions[start : start + per_batch]
+        rows = torch.arange(len(chunk), device=ids.device)
+        where = torch.tensor(chunk, device=ids.device)  # <cls> is token 0: residue p is token p
+        tokens = ids.repeat(len(chunk), 1)  # [b, L]
+        tokens[rows, where] = vocab.mask_id
+        masked = torch.zeros_like(tokens, dtype=torch.bool)
+        masked[rows, where] = True
+        valid = torch.ones_like(masked)
+        hidden = model.encoder(tokens, valid, False, rows_of(masked, len(chunk), 1))  # [b, H]
+        log_probs = F.log_softmax(model.head(hidden).float(), dim=-1).cpu()  # [b, V]
+        out.update(zip(chunk, log_probs, strict=True))
+    return out
+
+
+@torch.no_grad()
+def wt_marginals(model: MaskedLanguageModel, ids: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities ``[L, V]`` at every token of the unmasked wild type ``ids`` ``[L]``."""
+    valid = torch.ones_like(ids, dtype=torch.bool)[None]
+    hidden = model.encoder(ids[None], valid, False)[0]  # [L, H]
+    return F.log_softmax(model.head(hidden).float(), dim=-1).cpu()
+
+
+def score_variants(
+    model: MaskedLanguageModel,
+    sequence: str,
+    variants: list[list[Mutation]],
+    method: str = "masked-marginal",
+    tokens_per_batch: int = 8192,
+) -> np.ndarray:
+    """Each variant's summed ``log p(mutant) - log p(wild type)`` (float64 ``[n]``) under
+    ``model`` (on its device), by ``method`` (``masked-marginal`` or ``wt-marginal``)."""
+    if method not in METHODS:
+        raise ConfigError(f"--method must be one of {', '.join(METHODS)}, not {method!r}")
+    vocab = model.encoder.cfg.vocabulary
+    limit = max_residues(model)
+    if len(sequence) > limit:
+        raise ConfigError(
+            f"--sequence has {len(sequence)} residues; the model reads at most {limit} (cut it "
+            "to the region the mutations cover and renumber them)"
+        )
+    device = next(model.parameters()).device
+    ids = torch.from_numpy(vocab.encode(sequence)).to(device)
+    if method == "wt-marginal":
+        log_probs: dict[int, torch.Tensor] | torch.Tensor = wt_marginals(model, ids)
+    else:
+        positions = sorted({site.position for sites in variants for site in sites})
+        log_probs = masked_marginals(model, ids, positions, tokens_per_batch)
+    to_id = vocab.byte_to_id
+    scores = np.zeros(len(variants))
+    for i, sites in enumerate(variants):
+        for site in sites:
+            at = log_probs[site.position]
+            gain = at[to_id[ord(site.mutant)]] - at[to_id[ord(site.wild_type)]]
+            scores[i] += float(gain)
+    return scores
+
+
+METHODS = ("masked-marginal", "wt-marginal")
+
+
+# ----------------------------------------------------------------------------- Spearman
+
+
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks of ``values`` ``[n]``, tied values sharing the mean of their ranks."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    ends = np.r_[starts[1:], len(values)]
+    ranks = np.empty(len(values))
+    ranks[order] = np.repeat((starts + ends + 1) / 2, ends - starts)
+    return ranks
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rho of ``x`` and ``y`` ``[n]`` (ties: average ranks); NaN where a side is
+    constant or fewer than two pairs are finite."""
+    keep = np.isfinite(x) & np.isfinite(y)
+    if keep.sum() < 2:
+        return math.nan
+    rx, ry = average_ranks(x[keep]), average_ranks(y[keep])
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    denominator = math.sqrt(float((rx * rx).sum() * (ry * ry).sum()))
+    return float((rx * ry).sum()) / denominator if denominator else math.nan
+
+
+def measured(table: VariantTable, path: Path) -> np.ndarray | None:
+    """The ``DMS_score`` column as float64 ``[n]`` (NaN where empty), or None without one."""
+    if MEASURED_COLUMN not in table.columns:
+        return None
+    values = np.full(len(table.rows), math.nan)
+    for i, (row, line) in enumerate(zip(table.rows, table.lines, strict=True)):
+        text = (row[MEASURED_COLUMN] or "").strip()
+        try:
+            values[i] = float(text) if text else math.nan
+        except ValueError:
+            raise DataError(
+                f"mutations file {path} line {line}, column {MEASURED_COLUMN!r}: {shorten(text)} "
+                "is not a number"
+            ) from None
+    return values
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def write_scores(table: VariantTable, scores: np.ndarray, out: Path) -> None:
+    """``table``'s rows with their scores, as CSV, written atomically to ``out``."""
+    try:
+        with atomic_output(out) as staging, open(staging, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, [*table.columns, SCORE_COLUMN])
+            writer.writeheader()
+            for row, score in zip(table.rows, scores, strict=True):
+                writer.writerow({**row, SCORE_COLUMN: repr(float(score))})
+    except OSError as err:
+        raise cannot_write(err, out) from err
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m advpt.score",
+        description="Score variants of a protein by a masked language model's log-odds.",
+    )
+    parser.add_argument(
+        "model",
+        help="advpt run directory or export, transformers EsmForMaskedLM or TAPE "
+        "ProteinBertForMaskedLM directory",
+    )
+    parser.add_argument("--sequence", required=True, help="the wild-type amino-acid sequence")
+    parser.add_argument(
+        "--mutations",
+        required=True,
+        help="CSV with a 'mutant' column (A24G, 1-based; multi-mutants A24G:K30R)",
+    )
+    parser.add_argument("--out", required=True, help="CSV to write: the rows with a 'score' column")
+    parser.add_argument(
+        "--method",
+        choices=METHODS,
+        default="masked-marginal",
+        help="masked-marginal masks each mutated site in turn; wt-marginal reads the unmasked "
+        "wild type once [default: masked-marginal]",
+    )
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+    parser.add_argument("--tokens_per_batch", type=int, default=8192, help=TOKENS_PER_BATCH_HELP)
+    parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit code 0, or 2 with one sentence naming the bad input."""
+    args = build_parser().parse_args(argv)
+    out, mutations = Path(args.out), Path(args.mutations)
+    try:
+        refuse_existing(out, args.overwrite)
+        if args.tokens_per_batch < 1:
+            raise ConfigError("--tokens_per_batch must be positive")
+        device = pick_device(args.device)
+        sequence = check_sequence(args.sequence)
+        table = read_variants(mutations, sequence)
+        dms = measured(table, mutations)
+        model = load_for_inference(args.model, device, need_head=True)
+        scores = score_variants(model, sequence, table.variants, args.method, args.tokens_per_batch)
+        write_scores(table, scores, out)
+    except (CheckpointError, ConfigError, DataError, OutputError) as exc:
+        return report(exc, EXIT_BAD_INPUT, args.debug)
+    print(f"scored {len(scores):,} variants ({args.method}) to {out}")
+    if dms is not None:
+        print(f"Spearman's rho against {MEASURED_COLUMN}: {spearman(scores, dms):.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
