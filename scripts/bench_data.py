@@ -44,6 +44,7 @@ from advpt.config import BUNDLED_PROTEOME
 from advpt.data.cache import locate
 from advpt.data.prepare import prepare
 from advpt.data.prepared import ProteinDataset
+from advpt.training.engines import simple_ds_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -107,15 +108,8 @@ def _within(lengths: np.ndarray) -> np.ndarray:
 
 
 def ds_config(path: Path, world: int) -> str:
-    micro = 8
-    config = {
-        "train_batch_size": micro * world,
-        "train_micro_batch_size_per_gpu": micro,
-        "zero_optimization": {"stage": 0},
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
-        "steps_per_print": 10**9,
-    }
-    path.write_text(json.dumps(config))
+    """Micro-batches of 8 on each of ``world`` ranks, written to ``path``."""
+    path.write_text(json.dumps(simple_ds_config(8, 8 * world)))
     return str(path)
 
 

@@ -7,18 +7,22 @@
     python scripts/bench_throughput.py --preset tape-base --max_length 512 --precisions bf16 \\
         --find_max_micro_batch --checkpointing 0 1 --json max_batch.json
 
-For every combination of precision, activation checkpointing, micro-batch and encoder ZeRO stage
-it builds the real engines (as ``advpt.train`` does), runs ``--warmup`` encoder updates, then
-times ``--steps`` more. An encoder update is ``--global_batch`` sequences (default: one
-micro-batch), so gradient accumulation is ``global_batch / micro_batch``. A row reports, per
-second of wall time, the sequences and non-padding tokens that went through *encoder updates*, so
-the noiser steps of an adversarial run show up as lost throughput; ``cost_vs_random`` is the time
-per encoder update relative to random MLM with the same precision, checkpointing, micro-batch,
-ZeRO stage and global batch, measured in the same process. Modes (``advpt.config.VARIANTS``):
-``random``, ``alternating`` (the paper's schedule), ``simultaneous`` (one joint pass per step) and
-``importance``. ``peak_mem_gb`` is the most GPU memory allocated during the timed
-updates (on a CPU: the process's peak resident memory so far). A combination that runs out of
-GPU memory gives a row with ``oom: true``.
+For every combination of precision, activation checkpointing, micro-batch and encoder ZeRO stage it
+builds the real engines (as ``advpt.train`` does), runs ``--warmup`` encoder updates, then times
+``--steps`` more, each through the trainer's own ``Trainer.optimizer_step`` (the step a run takes,
+with its counters, schedule and metrics). An encoder update is ``--global_batch`` sequences
+(default: one micro-batch), so gradient accumulation is ``global_batch / micro_batch``. A row
+reports, per second of wall time, the sequences and non-padding tokens that went through *encoder
+updates*, so the noiser steps of an adversarial run show up as lost throughput; ``cost_vs_random``
+is the time per encoder update relative to random MLM with the same precision, checkpointing,
+micro-batch, ZeRO stage and global batch, measured in the same process. Modes
+(``advpt.config.VARIANTS``): ``random``, ``alternating`` (the paper's schedule), ``simultaneous``
+(one joint pass per step), ``importance`` and the others. A mode with a random-only warm-up
+(``context-warmup``) is timed after it (``--noiser_start_at 0``): the warm-up's steps are random
+MLM's, timed in that row. A row's ``phases`` counts the timed optimizer steps of each phase.
+``peak_mem_gb`` is the most GPU memory allocated during the timed updates (on a CPU: the process's
+peak resident memory so far). A combination that runs out of GPU memory gives a row with
+``oom: true``.
 
 Encoder FLOPs per encoder update (forward + backward, useful work only)::
 
@@ -48,6 +52,7 @@ import resource
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 if "--cpu" in sys.argv:  # before DeepSpeed picks its accelerator
@@ -60,7 +65,9 @@ from advpt.config import VARIANTS, parse_config  # noqa: E402
 from advpt.data.stream import stream_loader  # noqa: E402
 from advpt.models import ENCODER_PRESETS  # noqa: E402
 from advpt.training.build import build_trainer, init_distributed  # noqa: E402
-from advpt.training.schedule import NOISER  # noqa: E402
+from advpt.training.engines import simple_ds_config  # noqa: E402
+from advpt.training.phases import PHASES  # noqa: E402
+from advpt.training.schedule import ENCODER  # noqa: E402
 
 FLOPS_FORMULA = "6 * N_body * T + 12 * layers * H * L * T + 6 * (H * H + H * V) * M"
 
@@ -102,25 +109,6 @@ def matmul_peak_tflops(device: torch.device) -> float:
     return best
 
 
-def ds_config(precision: str, micro: int, global_batch: int, zero: int, cuda: bool) -> dict:
-    """A one-process DeepSpeed config: ``global_batch / micro`` accumulation steps."""
-    config = {
-        "train_batch_size": global_batch,
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_clipping": 1.0,
-        "zero_optimization": {"stage": zero},
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}},
-        "steps_per_print": 10**9,
-    }
-    if not cuda:  # DeepSpeed's CPU Adam is a C++ op compiled on first use
-        config["optimizer"]["params"]["torch_adam"] = True
-    if precision == "bf16":
-        config["bf16"] = {"enabled": True}
-    elif precision == "fp16":
-        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
-    return config
-
-
 def body_parameters(preset: str) -> tuple[int, int, int]:
     """(transformer-layer parameters, layers, hidden size) of an encoder preset."""
     cfg = ENCODER_PRESETS[preset]
@@ -141,7 +129,9 @@ def build(args, mode: str, cell: dict, work: Path, device: torch.device):
     for name in ("encoder", "noiser"):
         precision, zero = (cell["precision"], cell["zero"]) if name == "encoder" else ("fp32", 0)
         path = work / f"{name}.json"
-        config = ds_config(precision, cell["micro_batch"], cell["global_batch"], zero, cuda)
+        config = simple_ds_config(
+            cell["micro_batch"], cell["global_batch"], 1e-4, precision, zero, torch_adam=not cuda
+        )
         path.write_text(json.dumps(config))
         paths.append(str(path))
     config = parse_config([
@@ -150,7 +140,7 @@ def build(args, mode: str, cell: dict, work: Path, device: torch.device):
         "--max_length", str(args.max_length),
         "--activation_checkpointing", str(cell["checkpointing"]),
         "--data", args.data, "--run_dir", str(work / "run"), "--num_workers", str(args.workers),
-        "--warmup_steps", "1", "--max_steps", str(10**6),
+        "--warmup_steps", "1", "--max_steps", str(10**6), "--noiser_start_at", "0",
     ])  # fmt: skip
     return build_trainer(config, device)
 
@@ -169,34 +159,41 @@ def peak_memory_gb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def encoder_work(batch, preset: str) -> np.ndarray:
+    """``[tokens, padded slots, sequences, encoder FLOPs]`` of a micro-batch of an encoder
+    update (``FLOPS_FORMULA``)."""
+    body, layers, hidden = body_parameters(preset)
+    vocab_size = ENCODER_PRESETS[preset].vocab_size
+    tokens, (rows, length) = batch.num_tokens, batch.ids.shape
+    flops = 6.0 * body * tokens + 12.0 * layers * hidden * length * tokens
+    flops += 6.0 * (hidden * hidden + hidden * vocab_size) * batch.num_masked
+    return np.array([tokens, rows * length, rows, flops], dtype=np.float64)
+
+
 def measure(args, mode: str, cell: dict, work: Path, device: torch.device) -> dict:
     """Time ``args.steps`` encoder updates of one combination; returns a partial row."""
     trainer = build(args, mode, cell, work, device)
-    data = iter(stream_loader(trainer.stream, 0, args.workers))
-    body, layers, hidden = body_parameters(args.preset)
-    vocab_size = ENCODER_PRESETS[args.preset].vocab_size
+    taken: list = []  # the micro-batches of the optimizer step under way
 
-    def run(encoder_updates: int) -> tuple[int, int, int, float]:
-        tokens = slots = sequences = 0
-        flops = 0.0
-        done = 0
-        while done < encoder_updates:
-            phase, engine, step = trainer.phase_step()
-            updates_encoder = phase != NOISER
-            for _ in range(engine.gradient_accumulation_steps()):
-                batch = next(data)
-                step(batch.to(device))
-                if updates_encoder:
-                    length = batch.ids.shape[1]
-                    tokens += batch.num_tokens
-                    slots += batch.ids.numel()
-                    sequences += batch.ids.shape[0]
-                    flops += 6.0 * body * batch.num_tokens
-                    flops += 12.0 * layers * hidden * length * batch.num_tokens
-                    flops += 6.0 * (hidden * hidden + hidden * vocab_size) * batch.num_masked
-            trainer.schedule.advance()
-            done += updates_encoder
-        return tokens, slots, sequences, flops
+    def batches():
+        for batch in stream_loader(trainer.stream, 0, args.workers):
+            taken.append(batch)
+            yield batch
+
+    data = batches()
+
+    def run(encoder_updates: int) -> tuple[np.ndarray, Counter]:
+        """The trainer's own optimizer steps until ``encoder_updates`` more encoder updates:
+        the work of those updates (``encoder_work``) and the optimizer steps of each phase."""
+        done, phases = np.zeros(4), Counter()
+        stop = trainer.counters.encoder_step + encoder_updates
+        while trainer.counters.encoder_step < stop:
+            taken.clear()
+            phase = trainer.optimizer_step(data)
+            phases[phase] += 1
+            if "encoder" in PHASES[phase].trains:
+                done += sum(encoder_work(batch, args.preset) for batch in taken)
+        return done, phases
 
     # Whole noiser + encoder cycles, so an alternating row counts its noiser steps in full.
     cycle = 1 if trainer.config.simultaneous else trainer.config.schedule.encoder_steps
@@ -206,7 +203,7 @@ def measure(args, mode: str, cell: dict, work: Path, device: torch.device) -> di
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
-    tokens, slots, sequences, flops = run(steps)
+    (tokens, slots, sequences, flops), phases = run(steps)
     sync(device)
     elapsed = time.perf_counter() - start
     return {
@@ -217,6 +214,7 @@ def measure(args, mode: str, cell: dict, work: Path, device: torch.device) -> di
         "padding_fraction": 1.0 - tokens / slots,
         "ms_per_encoder_update": 1000.0 * elapsed / steps,
         "encoder_updates": steps,
+        "phases": dict(phases),  # the timed optimizer steps of each phase
     }
 
 
@@ -298,7 +296,7 @@ def fits(args, cell: dict, work: Path, device: torch.device) -> float | None:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         for _ in range(2):
-            trainer.encoder_micro_step(batch)
+            trainer.micro_step(ENCODER, batch)
         sync(device)
         return peak_memory_gb(device)
     except torch.OutOfMemoryError:

@@ -64,6 +64,7 @@ from advpt.data.stream import ValidationBatches
 from advpt.data.unigram import residue_counts, unigram_log_probs
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
 from advpt.training.build import build_data, build_trainer, init_distributed, open_data
+from advpt.training.engines import simple_ds_config
 from advpt.training.objective import AdversarialObjective, masked_lm
 from advpt.training.trainer import Trainer
 
@@ -121,27 +122,13 @@ SIZES = {
 # ------------------------------------------------------------------------------------ runs
 
 
-def ds_config(micro_batch: int, lr: float) -> dict:
-    """fp32 AdamW on one rank; torch's Adam, so no DeepSpeed op is compiled on any machine."""
-    return {
-        "train_batch_size": micro_batch,
-        "train_micro_batch_size_per_gpu": micro_batch,
-        "gradient_clipping": 1.0,
-        "zero_optimization": {"stage": 0},
-        "optimizer": {
-            "type": "AdamW",
-            "params": {"lr": lr, "weight_decay": 0.01, "torch_adam": True},
-        },
-        "steps_per_print": 10**9,
-    }
-
-
 def run_config(variant: str, size: Size, run_dir: Path, seed: int, data: str) -> TrainConfig:
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     encoder_json = run_dir.parent / "encoder.json"
     noiser_json = run_dir.parent / "noiser.json"
-    encoder_json.write_text(json.dumps(ds_config(size.micro_batch, size.encoder_lr)))
-    noiser_json.write_text(json.dumps(ds_config(size.micro_batch, size.noiser_lr)))
+    # fp32 on one rank, torch's AdamW: no DeepSpeed op is compiled on any machine
+    encoder_json.write_text(json.dumps(simple_ds_config(size.micro_batch, lr=size.encoder_lr)))
+    noiser_json.write_text(json.dumps(simple_ds_config(size.micro_batch, lr=size.noiser_lr)))
     n = size.encoder_updates
     return parse_config([
         *VARIANTS[variant],

@@ -16,19 +16,11 @@ REPO = Path(__file__).resolve().parent.parent
 def write_ds_config(
     path: Path, micro: int = 8, accumulation: int = 1, world: int = 1, lr: float = 1e-3, **extra
 ) -> str:
-    """A CPU DeepSpeed JSON (torch AdamW, no C++ op build) written to ``path``."""
-    config = {
-        "train_batch_size": micro * accumulation * world,
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_clipping": 1.0,
-        "zero_optimization": {"stage": 0},
-        "optimizer": {
-            "type": "AdamW",
-            "params": {"lr": lr, "weight_decay": 0.01, "torch_adam": True},
-        },
-        "steps_per_print": 10**9,
-        **extra,
-    }
+    """A CPU DeepSpeed JSON (torch AdamW, no C++ op build) written to ``path``; ``extra`` keys
+    replace the builder's (``advpt.training.engines.simple_ds_config``)."""
+    from advpt.training.engines import simple_ds_config
+
+    config = simple_ds_config(micro, micro * accumulation * world, lr) | extra
     path.write_text(json.dumps(config))
     return str(path)
 

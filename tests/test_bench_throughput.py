@@ -38,23 +38,31 @@ def test_throughput_benchmark_tiny_preset_reports_every_field(tmp_path):
     assert "cost_vs_random" in result.stdout
 
 
-def test_throughput_benchmark_reports_simultaneous_beside_alternating(tmp_path):
+def test_every_mode_times_the_phases_its_name_says(tmp_path):
+    """A row times the trainer's own optimizer steps, and they are its mode's: a warm-up mode
+    (context-warmup: random-only for the first quarter of the run) times adversarial steps."""
     out = tmp_path / "bench.json"
     command = [
         sys.executable, "scripts/bench_throughput.py", "--preset", "tiny", "--steps", "2",
         "--warmup", "1", "--checkpointing", "0", "--max_length", "64", "--json", str(out),
-        "--modes", "random", "alternating", "simultaneous",
+        "--modes", "random", "alternating", "simultaneous", "context-warmup",
     ]  # fmt: skip
     result = subprocess.run(
         command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {row["mode"]: row for row in json.loads(out.read_text())["rows"]}
-    assert set(rows) == {"random", "alternating", "simultaneous"}
+    assert set(rows) == {"random", "alternating", "simultaneous", "context-warmup"}
     assert rows["random"]["cost_vs_random"] == 1.0
-    for mode in ("alternating", "simultaneous"):
+    for mode in ("alternating", "simultaneous", "context-warmup"):
         assert rows[mode]["cost_vs_random"] > 0  # a timing (see above)
         assert rows[mode]["tokens_per_s"] > 0
+    # whole cycles of the alternating schedule: --steps 2 rounds up to 10 encoder steps
+    cycle = {"noiser": 10, "encoder": 10}
+    assert rows["random"]["phases"] == {"encoder": 10}
+    assert rows["alternating"]["phases"] == cycle
+    assert rows["context-warmup"]["phases"] == cycle
+    assert rows["simultaneous"]["phases"] == {"joint": 2}
 
 
 def test_micro_batch_search_doubles_then_bisects():

@@ -44,6 +44,7 @@ from advpt.tasks import IGNORE_LABEL, PER_RESIDUE, PER_SEQUENCE, REGRESSION
 from advpt.tokenizer import TAPE, Vocabulary
 from advpt.training.monitor import MetricsAccumulator
 from advpt.training.objective import AdversarialObjective
+from advpt.training.phases import PHASES
 from advpt.training.schedule import ENCODER, JOINT, NOISER, RANDOM
 from advpt.training.trainer import validation_sums
 from tests.helpers import REPO
@@ -224,19 +225,10 @@ def test_a_micro_step_of_each_phase_stays_on_the_device(device: str, case: str):
     for batch in collated_batches(config, vocab):
         with hot_loop(device):
             batch = moved(batch, device)
-            if phase == NOISER:
-                out, draw = objective.noiser_backward(noiser, encoder, batch, torch.Tensor.backward)
-            elif phase == ENCODER:
-                out, draw = objective.encoder_backward(
-                    noiser, encoder, batch, torch.Tensor.backward
-                )
-            elif phase == RANDOM:  # the random-only warm-up: no noiser draw
-                out, draw = objective.random_backward(encoder, batch, torch.Tensor.backward), None
-            else:
-                out, draw = objective.joint_backward(
-                    noiser, encoder, batch, torch.Tensor.backward, torch.Tensor.backward
-                )
-            metrics.record(NOISER if phase == NOISER else ENCODER, out, draw, batch)
+            spec = PHASES[phase]
+            backwards = [torch.Tensor.backward] * len(spec.trains)
+            out, draw = spec.objective(objective, noiser, encoder, batch, *backwards)
+            metrics.record(spec.label, out, draw, batch)
         # the MLM output's 4 and the counters; a draw adds its sample's 5, the entropy and,
         # for the importance estimator, the weights
         expected = 5 if draw is None else 11 + (variant == "importance")

@@ -15,6 +15,7 @@ from advpt.masking.importance import (
     with_random_options,
 )
 from advpt.tokenizer import TAPE
+from advpt.training.schedule import ENCODER, NOISER
 from tests.helpers import build_tiny_trainer
 
 
@@ -96,8 +97,8 @@ def test_importance_run_draws_every_masked_position_from_the_noiser(tmp_path, di
     assert not batch.random_masked.any()
     residues = TAPE.is_residue(batch.ids).sum(1).double()
     assert torch.equal(batch.budget, torch.round(0.2 * residues).long())
-    trainer.noiser_micro_step(batch)
-    trainer.encoder_micro_step(batch)
+    trainer.micro_step(NOISER, batch)
+    trainer.micro_step(ENCODER, batch)
     summary = trainer.metrics.summarize()
     assert 0 < summary["importance_ess"] <= 1
     assert summary["adversarial_loss"] > 0 and "random_loss" not in summary

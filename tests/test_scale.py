@@ -65,8 +65,7 @@ def test_every_zero_stage_and_precision_trains(tmp_path, distributed, stage, pre
     losses = {NOISER: [], ENCODER: []}
     for _ in range(8):
         phase = trainer.schedule.phase
-        step = trainer.noiser_micro_step if phase == NOISER else trainer.encoder_micro_step
-        losses[phase].append(step(next(data)).loss.item())
+        losses[phase].append(trainer.micro_step(phase, next(data)).loss.item())
         trainer.schedule.advance()
         assert (trainer.noiser if phase == NOISER else trainer.encoder).was_step_applied()
     assert len(losses[NOISER]) == len(losses[ENCODER]) == 4
@@ -87,7 +86,7 @@ def test_growing_the_batch_mid_run_equals_a_run_that_had_it_from_the_start(
     for trainer in (grown, fixed):
         torch.manual_seed(1)  # the same dropout masks in both
         for batch in batches:
-            trainer.encoder_micro_step(batch)
+            trainer.micro_step(ENCODER, batch)
         assert trainer.encoder.global_steps == 2
     if stage == 0:
         params = grown.encoder.module.parameters(), fixed.encoder.module.parameters()
@@ -106,7 +105,7 @@ def test_a_4096_sequence_global_batch_through_accumulation(tmp_path, distributed
     )
     assert trainer.encoder.train_batch_size() == 4096
     data = iter([trainer.stream[i] for i in range(64)])
-    trainer._optimizer_step(data)
+    trainer.optimizer_step(data)
     assert trainer.encoder.global_steps == 1 and trainer.counters.micro_batches == 64
 
 

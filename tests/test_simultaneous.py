@@ -8,7 +8,9 @@ import torch
 from deepspeed.utils import safe_get_full_grad
 
 from advpt.errors import CheckpointError, ConfigError
+from advpt.training.phases import PHASES
 from advpt.training.reversal import reverse_gradient
+from advpt.training.schedule import ENCODER, JOINT, NOISER
 from tests.helpers import build_tiny_trainer, build_with_noiser_json, read_metrics
 
 
@@ -17,14 +19,18 @@ def _full_grads(engine) -> dict[str, torch.Tensor]:
     return {n: safe_get_full_grad(p).float().clone() for n, p in engine.module.named_parameters()}
 
 
-def _accumulated_grads(engines, backward, batches) -> list[dict[str, torch.Tensor]]:
-    """Gradients of ``engines`` after ``backward`` over one accumulation window of ``batches``.
+def _accumulated_grads(trainer, phase: str, batches) -> list[dict[str, torch.Tensor]]:
+    """Gradients of the engines ``phase`` trains after its objective's backward over one
+    accumulation window of ``batches``, before the optimizer step.
 
     Every micro-batch starts from the same seed, so noiser draws and dropout repeat exactly.
     """
+    spec = PHASES[phase]
+    engines = [trainer.engines[name] for name in spec.trains]
+    noiser, encoder = (e if e in engines else e.module for e in (trainer.noiser, trainer.encoder))
     for i, batch in enumerate(batches):
         torch.manual_seed(i)
-        backward(batch)
+        spec.objective(trainer.objective, noiser, encoder, batch, *(e.backward for e in engines))
         if i < len(batches) - 1:
             for engine in engines:
                 engine.step()  # not a boundary: only counts the micro-step
@@ -59,13 +65,9 @@ def test_simultaneous_gradients_are_the_alternating_ones_reversed(
     )  # fmt: skip
     batches = [alternating.stream[i] for i in range(accumulation)]
 
-    (noiser_step,) = _accumulated_grads([alternating.noiser], alternating.noiser_backward, batches)
-    (encoder_step,) = _accumulated_grads(
-        [alternating.encoder], alternating.encoder_backward, batches
-    )
-    encoder_joint, noiser_joint = _accumulated_grads(
-        [simultaneous.encoder, simultaneous.noiser], simultaneous.joint_backward, batches
-    )
+    (noiser_step,) = _accumulated_grads(alternating, NOISER, batches)
+    (encoder_step,) = _accumulated_grads(alternating, ENCODER, batches)
+    encoder_joint, noiser_joint = _accumulated_grads(simultaneous, JOINT, batches)
 
     # The alternating noiser step backpropagates -loss, so its loss gradient is -noiser_step.
     loss_grad = {name: -g for name, g in noiser_step.items()}

@@ -5,6 +5,7 @@ import torch
 
 from advpt.tokenizer import TAPE
 from advpt.training.monitor import MetricsAccumulator
+from advpt.training.schedule import ENCODER, NOISER
 from advpt.training.trainer import NonFiniteError
 from tests.helpers import build_tiny_trainer
 
@@ -26,13 +27,13 @@ def test_each_phase_updates_only_its_own_model(trainer):
     encoder, noiser = trainer.encoder.module, trainer.noiser.module
     batch = trainer.stream[0]
     enc0, noi0 = _snapshot(encoder), _snapshot(noiser)
-    trainer.noiser_micro_step(batch)
+    trainer.micro_step(NOISER, batch)
     assert not _changed(encoder, enc0)
     assert _changed(noiser, noi0) == set(noi0)  # every noiser parameter got a gradient
     assert all(p.requires_grad for p in encoder.parameters())  # unfrozen afterwards
 
     enc1, noi1 = _snapshot(encoder), _snapshot(noiser)
-    trainer.encoder_micro_step(batch)
+    trainer.micro_step(ENCODER, batch)
     assert not _changed(noiser, noi1)
     assert _changed(encoder, enc1)
 
@@ -61,11 +62,11 @@ def test_noiser_steps_raise_and_encoder_steps_lower_the_loss(trainer):
     batch = trainer.stream[0]
     start = _expected_loss(trainer, batch)
     for _ in range(8):
-        trainer.noiser_micro_step(batch)
+        trainer.micro_step(NOISER, batch)
     after_noiser = _expected_loss(trainer, batch)
     assert after_noiser > start
     for _ in range(8):
-        trainer.encoder_micro_step(batch)
+        trainer.micro_step(ENCODER, batch)
     assert _expected_loss(trainer, batch) < after_noiser
 
 
@@ -79,13 +80,13 @@ def test_a_non_finite_step_is_skipped_and_counted(tmp_path, distributed, stage):
     before = _snapshot(encoder)
     with torch.no_grad():
         weight[0, 0] = float("nan")
-    trainer.encoder_micro_step(batch)
+    trainer.micro_step(ENCODER, batch)
     with torch.no_grad():
         weight[0, 0] = clean
     assert not trainer.encoder.was_step_applied()
     assert trainer.encoder.skipped_steps == 1
     assert not _changed(encoder, before)  # no NaN and no update anywhere
-    trainer.encoder_micro_step(batch)
+    trainer.micro_step(ENCODER, batch)
     assert trainer.encoder.was_step_applied() and _changed(encoder, before)
     assert all(torch.isfinite(p).all() for p in encoder.parameters())
 
@@ -115,7 +116,7 @@ def test_adversarial_losses_are_split_by_corruption():
 
 def test_logged_option_losses_add_up_to_the_adversarial_loss(trainer):
     batch = trainer.stream[0]
-    trainer.encoder_micro_step(batch)
+    trainer.micro_step(ENCODER, batch)
     s = trainer.metrics.summarize()
     shares = {"mask": s["option_mask_share"], "keep": s["option_keep_share"],
               "replace": s["option_replace_share"]}  # fmt: skip

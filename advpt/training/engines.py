@@ -111,6 +111,40 @@ def _check_with_deepspeed(path: str, config: dict[str, Any]) -> None:
         raise ConfigError(f"DeepSpeed config {path} is rejected by DeepSpeed: {reason}") from None
 
 
+def simple_ds_config(
+    micro: int,
+    batch: int | None = None,
+    lr: float = 1e-3,
+    precision: str = "fp32",
+    zero: int = 0,
+    torch_adam: bool = True,
+) -> dict[str, Any]:
+    """A DeepSpeed config for the scripts and tests: AdamW (weight decay 0.01), gradient
+    clipping 1.0, ZeRO stage ``zero``, no console logging.
+
+    ``batch`` is the global batch (default ``micro``: one rank, no accumulation), so the
+    accumulation is ``batch / (micro x ranks)``. ``precision`` is fp32, bf16 or fp16 (dynamic
+    loss scaling). ``torch_adam`` uses torch's AdamW, so that no DeepSpeed op is compiled (on a
+    CPU, DeepSpeed's own Adam is a C++ op built on first use).
+    """
+    adam: dict[str, Any] = {"lr": lr, "weight_decay": 0.01}
+    if torch_adam:
+        adam["torch_adam"] = True
+    config: dict[str, Any] = {
+        "train_batch_size": batch or micro,
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": zero},
+        "optimizer": {"type": "AdamW", "params": adam},
+        "steps_per_print": 10**9,
+    }
+    if precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif precision == "fp16":
+        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    return config
+
+
 def parameter_groups(model: nn.Module) -> list[dict[str, Any]]:
     """Weight decay on matrices only: none on biases and LayerNorm (BERT/TAPE convention)."""
     decay, no_decay = [], []

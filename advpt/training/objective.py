@@ -17,7 +17,9 @@ Models are passed in as callables: the trainer passes DeepSpeed engines where an
 forward and backward must be used, and ``engine.module`` where they must not (the frozen encoder
 in the noiser phase: since deepspeed 0.18.3 an engine hooks its outputs, and a backward through
 them driven by the *other* engine breaks or silently rescales). Each ``*_backward`` runs the
-phase's forward and hands the tensor to differentiate to the given ``backward``.
+phase's forward and hands the tensor to differentiate to the given ``backward``; all four take
+``(noiser, encoder, batch, *backward)`` and return the output and the noiser's draw (None where
+the noiser does not draw), so that ``advpt.training.phases`` can table them.
 """
 
 from __future__ import annotations
@@ -187,13 +189,15 @@ class AdversarialObjective:
         return out, draw
 
     def random_backward(
-        self, encoder: Callable[..., MLMOutput], batch: Batch, backward: Backward
-    ) -> MLMOutput:
+        self, noiser: Callable[..., torch.Tensor] | None, encoder: Callable[..., MLMOutput],
+        batch: Batch, backward: Backward,
+    ) -> tuple[MLMOutput, None]:  # fmt: skip
         """Gradients that minimise the MLM loss under random masking alone (warm-up).
 
-        The noiser's share is drawn as the noiser would draw it from all-equal scores: the
-        Gumbel top-k of equal scores is a uniform subset of ``budget`` positions, corrupted
-        80/10/10, so the encoder sees random_rate + adversarial_rate of random masking.
+        ``noiser`` is not run: the noiser's share is drawn as it would draw it from all-equal
+        scores. The Gumbel top-k of equal scores is a uniform subset of ``budget`` positions,
+        corrupted 80/10/10, so the encoder sees random_rate + adversarial_rate of random
+        masking. There is no draw to monitor (None).
         """
         with torch.no_grad():
             shape = (*batch.ids.shape, num_scores(self.vocab))
@@ -201,7 +205,7 @@ class AdversarialObjective:
             sample = self._corrupt(with_random_options(uniform, self.vocab), batch)
         out = masked_lm(encoder, batch, sample.ids, batch.random_masked | sample.positions)
         backward(out.loss)
-        return out
+        return out, None
 
     def joint_backward(
         self, noiser: Callable[..., torch.Tensor], encoder: Callable[..., MLMOutput],

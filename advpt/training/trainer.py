@@ -2,11 +2,10 @@
 
 Alternating (the paper's Algorithm 5, the default): one optimizer step of a phase is
 ``gradient_accumulation_steps`` micro-steps of that phase's engine. In a noiser step the encoder
-is frozen (``requires_grad`` off) and called through ``encoder_engine.module``: since deepspeed
-0.18.3 an engine hooks its own outputs, and a backward through them driven by the *other* engine
-breaks or silently rescales. The noiser engine then backpropagates ``-loss`` to maximise the MLM
-loss. In an encoder step the noiser runs under ``no_grad`` and the encoder engine backpropagates
-``loss``.
+is frozen (``requires_grad`` off) and runs as a plain module, not as its engine
+(``advpt.training.phases`` says why); the noiser engine backpropagates ``-loss`` to maximise the
+MLM loss. In an encoder step the noiser runs under ``no_grad`` and the encoder engine
+backpropagates ``loss``.
 
 Simultaneous (``--schedule simultaneous``, beyond the paper): every micro-step runs the noiser,
 then the encoder *engine* on detached copies of the noiser's sample; the encoder engine's
@@ -19,17 +18,19 @@ train the encoder alone under random masking (phase ``random``); the schedule ab
 the noiser does. Whether a step is in the warm-up follows from the encoder step count, so resumed
 runs need no further state.
 
-What each phase maximises or minimises is ``advpt.training.objective``; this module is the
-loop around it, read top to bottom: ``train`` runs optimizer steps until the end, an optimizer
-step is a window of micro-steps of the current phase, and logging, validation and checkpoints
-fall due between optimizer steps.
+What each phase maximises or minimises is ``advpt.training.objective``; which engines it trains
+and what it is logged as, ``advpt.training.phases``. This module is the loop around them, read
+top to bottom: ``train`` runs ``_train_step`` until the end, which is one ``optimizer_step`` and
+then whatever logging, validation and saving falls due; an optimizer step is one accumulation
+window of ``micro_step`` calls of the current phase, and a micro-step is the phase's objective
+and its engines' ``step()``. Reporting and checkpoints come last.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,21 +50,19 @@ from advpt.models.encoder import MLMOutput
 from advpt.training import checkpoint
 from advpt.training.engines import current_lr
 from advpt.training.monitor import MetricsAccumulator, MetricsWriter, check_collapse
-from advpt.training.objective import AdversarialObjective, Draw, masked_lm
+from advpt.training.objective import AdversarialObjective, masked_lm
+from advpt.training.phases import PHASES
 from advpt.training.preemption import StopSignals, ignore_in_worker
 from advpt.training.progress import Progress
+from advpt.training.ranks import rank, world_size
 from advpt.training.schedule import (
-    ENCODER,
     JOINT,
-    NOISER,
     RANDOM,
     batch_growth,
     describe_batch,
     make_schedule,
     random_only_steps,
 )
-
-MicroStep = Callable[[Batch, bool], MLMOutput]
 
 
 class NonFiniteError(RuntimeError):
@@ -116,7 +115,7 @@ class Trainer:
         )
         self.counters = Counters()
         self.base_batch = {name: e.train_batch_size() for name, e in self.engines.items()}
-        self.is_main = not dist.is_initialized() or dist.get_rank() == 0
+        self.is_main = rank() == 0
         self.vocab = encoder_engine.module.encoder.cfg.vocabulary  # the encoder's ids, all along
         self.objective = AdversarialObjective(
             config.masking, config.importance, config.schedule.reversal_scale, self.vocab
@@ -194,9 +193,8 @@ class Trainer:
         step or a validation pass.
         """
         cfg = self.config
-        self._apply_batch_growth()
         encoder_before = self.counters.encoder_step
-        self._optimizer_step(data)
+        self.optimizer_step(data)
         progress.step(self._last_phase, self.counters.encoder_step)
         record = None
         if self.counters.step % cfg.run.log_every == 0:
@@ -233,16 +231,6 @@ class Trainer:
 
     # ----------------------------------------------------------------- one optimizer step
 
-    def _apply_batch_growth(self) -> None:
-        s = self.config.schedule
-        factor = batch_growth(
-            self.counters.encoder_step, s.max_steps, s.batch_growth_at, s.growth_factor
-        )
-        for name, engine in self.engines.items():
-            target = self.base_batch[name] * factor
-            if engine.train_batch_size() != target:
-                engine.set_train_batch_size(target)
-
     @property
     def phase(self) -> str:
         """The schedule's phase, or RANDOM in the random-only warm-up before the noiser starts."""
@@ -256,48 +244,62 @@ class Trainer:
         warmup = min(encoder_steps, self.random_only_steps)
         return warmup + self.schedule.steps_until(encoder_steps - warmup)
 
-    def phase_step(self) -> tuple[str, deepspeed.DeepSpeedEngine, MicroStep]:
-        """The current phase, the engine whose accumulation window it fills, its micro-step.
-
-        A joint step fills both engines' windows, which have one length (checked at build).
-        """
-        phase = self.phase
-        if phase == RANDOM:
-            return phase, self.encoder, self.random_micro_step
-        if phase == NOISER:
-            return phase, self.noiser, self.noiser_micro_step
-        if phase == JOINT:
-            return phase, self.encoder, self.joint_micro_step
-        return phase, self.encoder, self.encoder_micro_step
-
-    def _optimizer_step(self, data: Iterator[Batch]) -> None:
-        """One optimizer step of the current phase: a full accumulation window of micro-steps.
+    def optimizer_step(self, data: Iterator[Batch]) -> str:
+        """One optimizer step of the current phase, a full accumulation window of micro-steps
+        from ``data``, counted in ``counters`` and the schedule; returns the phase.
 
         The window's last micro-step is marked as the boundary explicitly. Left to itself an
         engine finds its boundary by counting micro-steps since *it* was built: a resumed engine
         restarts that count (DeepSpeed does not checkpoint it), and once the batch grows the
-        windows would then straddle optimizer steps differently from an uninterrupted run.
+        windows would then straddle optimizer steps differently from an uninterrupted run. A
+        joint step fills both engines' windows, which have one length (checked at build).
         """
-        phase, engine, micro_step = self.phase_step()
-        trained = {"noiser": phase in (NOISER, JOINT), "encoder": phase != NOISER}
-        stepping = [e for name, e in self.engines.items() if trained[name]]
+        self._apply_batch_growth()
+        phase = self.phase
+        trained = {name: self.engines[name] for name in PHASES[phase].trains}
         log = (self.counters.step + 1) % self.config.run.log_every == 0
-        window = engine.gradient_accumulation_steps()
+        window = next(iter(trained.values())).gradient_accumulation_steps()
         for micro in range(window):
-            for e in stepping:
-                e.set_gradient_accumulation_boundary(micro == window - 1)
+            for engine in trained.values():
+                engine.set_gradient_accumulation_boundary(micro == window - 1)
             batch = next(data).to(self.device)
             self.counters.micro_batches += 1
-            micro_step(batch, log)
-        self.counters.noiser_step += trained["noiser"]
-        self.counters.encoder_step += trained["encoder"]
+            self.micro_step(phase, batch, log)
+        self.counters.noiser_step += "noiser" in trained
+        self.counters.encoder_step += "encoder" in trained
         self.counters.joint_step += phase == JOINT
         if phase != RANDOM:  # the schedule starts when the noiser does
             self.schedule.advance()
         self._last_phase = phase
+        for name, engine in trained.items():
+            self._check_step_applied(name, engine)
+        return phase
+
+    def micro_step(self, phase: str, batch: Batch, log: bool = False) -> MLMOutput:
+        """One micro-step of ``phase`` (``PHASES``): its objective's backward through the
+        engines it trains, their ``step()`` (an optimizer step at the accumulation boundary),
+        and its metrics. The model it does not train runs as a plain module."""
+        spec = PHASES[phase]
+        trained = {name: self.engines[name] for name in spec.trains}
+        models = {name: trained.get(name, e.module) for name, e in self.engines.items()}
+        backwards = [engine.backward for engine in trained.values()]
+        out, draw = spec.objective(
+            self.objective, models.get("noiser"), models["encoder"], batch, *backwards
+        )
+        for name, engine in trained.items():
+            self._step(name, engine, log)
+        self.metrics.record(spec.label, out, draw, batch)
+        return out
+
+    def _apply_batch_growth(self) -> None:
+        s = self.config.schedule
+        factor = batch_growth(
+            self.counters.encoder_step, s.max_steps, s.batch_growth_at, s.growth_factor
+        )
         for name, engine in self.engines.items():
-            if trained[name]:
-                self._check_step_applied(name, engine)
+            target = self.base_batch[name] * factor
+            if engine.train_batch_size() != target:
+                engine.set_train_batch_size(target)
 
     def _check_step_applied(self, name: str, engine: deepspeed.DeepSpeedEngine) -> None:
         """Count non-finite (skipped) steps in a row; too many saves the last good state and stops.
@@ -316,54 +318,6 @@ class Trainer:
                 f"row (encoder step {self.counters.encoder_step}); the last good state is saved "
                 f"in {self.checkpoints}"
             )
-
-    # ----------------------------------------------------------------- one micro-step each
-
-    def noiser_micro_step(self, batch: Batch, log: bool = False) -> MLMOutput:
-        """A noiser backward and (at the accumulation boundary) its optimizer step."""
-        out, draw = self.noiser_backward(batch)
-        self._step("noiser", self.noiser, log)
-        self.metrics.record(NOISER, out, draw, batch)
-        return out
-
-    def encoder_micro_step(self, batch: Batch, log: bool = False) -> MLMOutput:
-        """An encoder backward and (at the accumulation boundary) its optimizer step."""
-        out, draw = self.encoder_backward(batch)
-        self._step("encoder", self.encoder, log)
-        self.metrics.record(ENCODER, out, draw, batch)
-        return out
-
-    def random_micro_step(self, batch: Batch, log: bool = False) -> MLMOutput:
-        """An encoder step of the random-only warm-up; its positions are logged as random."""
-        out = self.objective.random_backward(self.encoder, batch, self.encoder.backward)
-        self._step("encoder", self.encoder, log)
-        self.metrics.record(ENCODER, out, None, batch)
-        return out
-
-    def joint_micro_step(self, batch: Batch, log: bool = False) -> MLMOutput:
-        """A joint backward, then both engines step; logged as encoder loss (one shared loss)."""
-        out, draw = self.joint_backward(batch)
-        self._step("encoder", self.encoder, log)
-        self._step("noiser", self.noiser, log)
-        self.metrics.record(ENCODER, out, draw, batch)
-        return out
-
-    # Which engine runs which part of each phase: the frozen encoder of the noiser phase and
-    # the sampling noiser of the encoder phase run as plain modules (see the module docstring).
-
-    def noiser_backward(self, batch: Batch) -> tuple[MLMOutput, Draw]:
-        return self.objective.noiser_backward(
-            self.noiser, self.encoder.module, batch, self.noiser.backward
-        )
-
-    def encoder_backward(self, batch: Batch) -> tuple[MLMOutput, Draw | None]:
-        noiser = None if self.noiser is None else self.noiser.module
-        return self.objective.encoder_backward(noiser, self.encoder, batch, self.encoder.backward)
-
-    def joint_backward(self, batch: Batch) -> tuple[MLMOutput, Draw]:
-        return self.objective.joint_backward(
-            self.noiser, self.encoder, batch, self.encoder.backward, self.noiser.backward
-        )
 
     def _step(self, name: str, engine: deepspeed.DeepSpeedEngine, log: bool) -> None:
         """``engine.step()``, first noting the gradient norm if this step will be ``log``-ged.
@@ -387,7 +341,7 @@ class Trainer:
     def _describe_batch(self) -> str:
         """The global batch, where it comes from, and when it grows (said at the start)."""
         s = self.config.schedule
-        world = dist.get_world_size() if dist.is_initialized() else 1
+        world = world_size()
         micro = self.encoder.train_micro_batch_size_per_gpu()
         accumulation = self.base_batch["encoder"] // (micro * world)
         return describe_batch(
@@ -483,8 +437,11 @@ class Trainer:
 
 
 @torch.no_grad()
-def validation_sums(encoder: nn.Module, batches: list[Batch], device: torch.device) -> torch.Tensor:
-    """``[3]`` float64 sums over ``batches`` of the masked positions' loss, hits and count.
+def validation_sums(
+    encoder: nn.Module, batches: Iterable[Batch], device: torch.device
+) -> torch.Tensor:
+    """``[3]`` float64 sums over ``batches`` (``ValidationBatches``, or any iterable of batches)
+    of the masked positions' loss, hits and count.
 
     Runs ``encoder`` (a ``MaskedLanguageModel``) in eval mode on ``device`` and leaves the sums
     there: the caller reads them with one host sync, after the loop.
