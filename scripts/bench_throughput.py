@@ -56,11 +56,12 @@ if "--cpu" in sys.argv:  # before DeepSpeed picks its accelerator
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from advpt.config import VARIANTS, parse_config  # noqa: E402
+from advpt.config import parse_config  # noqa: E402
 from advpt.data.stream import stream_loader  # noqa: E402
 from advpt.models import ENCODER_PRESETS  # noqa: E402
 from advpt.training.build import build_trainer, init_distributed  # noqa: E402
 from advpt.training.schedule import NOISER  # noqa: E402
+from advpt.variants import VARIANTS  # noqa: E402
 
 FLOPS_FORMULA = "6 * N_body * T + 12 * layers * H * L * T + 6 * (H * H + H * V) * M"
 
@@ -199,7 +200,7 @@ def measure(args, mode: str, cell: dict, work: Path, device: torch.device) -> di
         return tokens, slots, sequences, flops
 
     # Whole noiser + encoder cycles, so an alternating row counts its noiser steps in full.
-    cycle = 1 if trainer.config.simultaneous else trainer.config.schedule.encoder_steps
+    cycle = 1 if trainer.config.simultaneous else trainer.config.method.encoder_steps
     warmup, steps = (-(-n // cycle) * cycle for n in (args.warmup, args.steps))
     run(warmup)
     sync(device)

@@ -50,14 +50,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from advpt.config import (
-    BUNDLED_PROTEOME,
-    VARIANTS,
-    DataConfig,
-    ScheduleConfig,
-    TrainConfig,
-    parse_config,
-)
+from advpt.config import BUNDLED_PROTEOME, DataConfig, OptimConfig, TrainConfig, parse_config
 from advpt.data.collate import Batch, MaskingCollator
 from advpt.data.dataset import CroppedView
 from advpt.data.stream import ValidationBatches
@@ -66,6 +59,7 @@ from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
 from advpt.training.build import build_data, build_trainer, init_distributed, open_data
 from advpt.training.objective import AdversarialObjective, masked_lm
 from advpt.training.trainer import Trainer
+from advpt.variants import VARIANTS
 
 REPO = Path(__file__).resolve().parent.parent
 STANDARD_RESIDUES = "ACDEFGHIKLMNPQRSTVWY"
@@ -85,7 +79,7 @@ SCORE_RATE = 0.2  # random masking of the held-out task and of every validation 
 JUDGE_SEED = 1000
 DRAW_SEED = 10_000  # crop windows, masks and judge draws of the final scores
 DEVICE = torch.device("cpu")  # this process's device, set by start_process
-MIN_LR = ScheduleConfig().min_lr_ratio  # the library's; every run keeps it
+MIN_LR = OptimConfig().min_lr_ratio  # the library's; every run keeps it
 PAIRED = {  # the losses compared with the paper's setting seed by seed
     "random": lambda r: r["random masking"]["loss"],
     "hard": lambda r: r["hard positions"]["loss"],

@@ -105,12 +105,12 @@ class Trainer:
         self.checkpoints = self.run_dir / "checkpoints"
         self.schedule = make_schedule(
             config.simultaneous,
-            config.schedule.noiser_steps,
-            config.schedule.encoder_steps,
+            config.method.noiser_steps,
+            config.method.encoder_steps,
             config.adversarial,
         )
         self.random_only_steps = (
-            random_only_steps(config.schedule.max_steps, config.schedule.noiser_start_at)
+            random_only_steps(config.optim.max_steps, config.method.noiser_start_at)
             if config.adversarial
             else 0
         )
@@ -119,7 +119,7 @@ class Trainer:
         self.is_main = not dist.is_initialized() or dist.get_rank() == 0
         self.vocab = encoder_engine.module.encoder.cfg.vocabulary  # the encoder's ids, all along
         self.objective = AdversarialObjective(
-            config.masking, config.importance, config.schedule.reversal_scale, self.vocab
+            config.masking, config.importance, config.method.reversal_scale, self.vocab
         )
         self.metrics = MetricsAccumulator(device, self.vocab)
         self._last_phase = self.phase
@@ -158,15 +158,15 @@ class Trainer:
         writer = MetricsWriter(self.run_dir, self.is_main, self.counters.step if resumed else None)
         data = iter(
             stream_loader(
-                self.stream, self.counters.micro_batches, cfg.data.num_workers, ignore_in_worker
+                self.stream, self.counters.micro_batches, cfg.dataset.num_workers, ignore_in_worker
             )
         )
-        stop_at = cfg.schedule.max_steps
+        stop_at = cfg.optim.max_steps
         if cfg.run.stop_after_steps:
             stop_at = min(stop_at, self.counters.encoder_step + cfg.run.stop_after_steps)
         progress = Progress(
             self.steps_until(stop_at), self.counters.step, stop_at,
-            f"{cfg.run.mode} pre-training", enabled=self.is_main,
+            f"{cfg.method.mode} pre-training", enabled=self.is_main,
         )  # fmt: skip
         progress.note(self._describe_batch())
         last: dict[str, Any] = {}
@@ -230,7 +230,7 @@ class Trainer:
     # ----------------------------------------------------------------- one optimizer step
 
     def _apply_batch_growth(self) -> None:
-        s = self.config.schedule
+        s = self.config.optim
         factor = batch_growth(
             self.counters.encoder_step, s.max_steps, s.batch_growth_at, s.growth_factor
         )
@@ -382,7 +382,7 @@ class Trainer:
 
     def _describe_batch(self) -> str:
         """The global batch, where it comes from, and when it grows (said at the start)."""
-        s = self.config.schedule
+        s = self.config.optim
         world = dist.get_world_size() if dist.is_initialized() else 1
         micro = self.encoder.train_micro_batch_size_per_gpu()
         accumulation = self.base_batch["encoder"] // (micro * world)
