@@ -582,7 +582,13 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 class _PrintDsConfig(argparse.Action):
     """``--print_ds_config ROLE/NAME``: print that shipped JSON as it is, then exit 0."""
 
-    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         print(ds_configs.text(values), end="")
         parser.exit()
 
@@ -645,13 +651,11 @@ def _apply(config: Any, values: dict[str, Any], source: str) -> None:
     sections = {s.section for s in settings.values()} - {""}
     flat: dict[str, Any] = {}
     for key, value in values.items():
-        old_section = bool(sections) and key in OLD_SECTIONS and isinstance(value, dict)
-        if key in sections or old_section:
-            if not isinstance(value, dict):
-                raise ConfigError(
-                    f"{source}: section {key!r} must hold a mapping of settings, got "
-                    f"{shorten(value)}"
-                )
+        if key in sections and not isinstance(value, dict):
+            raise ConfigError(
+                f"{source}: section {key!r} must hold a mapping of settings, got {shorten(value)}"
+            )
+        if key in sections or (key in OLD_SECTIONS and isinstance(value, dict)):
             flat.update(value)
         else:
             flat[key] = value
