@@ -1,16 +1,23 @@
 """Every setting of a run: documented dataclasses, filled from a run file and command-line flags.
 
-Each field is a flag of the same name (``--max_length 256``) whose ``--help`` text is the
-docstring under the field; choices are ``Literal`` types, checked when a value is set. A JSON or
-YAML run file given with ``--config`` may set the same names, flat or grouped by section
-(``masking: {random_rate: 0.1}``); flags win over the file. Values are checked against the
-field's declared type wherever they come from: no ``yes`` for an integer, an integer is accepted
-for a float. DeepSpeed's own settings (batch sizes, precision, optimizer, ZeRO) stay in the
-DeepSpeed JSONs.
+Settings come in sections (:class:`Section`): pre-training's ``method`` (adversarial or random,
+and the turns of the two models), ``dataset``, ``model``, ``masking``, ``optim`` (steps, learning
+rate and batch over them) and ``run`` (where it lives, how often it reports). Each field is a
+flag of the same name (``--max_length 256``) whose ``--help`` text is the docstring under the
+field; each section checks its own fields in its ``rules``, next to them, and every choice
+(``Literal``) is checked wherever a value comes from, code included. A JSON or YAML run file
+given with ``--config`` may set the same names, flat or grouped by section (``masking:
+{random_rate: 0.1}``); flags win over the file. Values are checked against the field's declared
+type: no ``yes`` for an integer, an integer is accepted for a float. DeepSpeed's own settings
+(batch sizes, precision, optimizer, ZeRO) stay in the DeepSpeed JSONs (``advpt.ds_configs``).
+
+To add a setting, add a documented field to the section it belongs to, and its constraint, if
+any, to that section's ``rules``: the flag, its help, the run-file key and the checks follow.
 
 The allowed values of a choice are owned here and read by the code that implements them
 (``advpt.masking.subset.BACKENDS``, ``advpt.models.NOISER_ARCHITECTURES``); the preset tables
 of ``advpt.models`` are checked against ``EncoderPreset`` and ``NoiserPreset`` by the tests.
+The training variants compared by the benchmark and the study are in ``advpt.variants``.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
+from advpt import ds_configs
 from advpt.errors import ConfigError, shorten
 
 BUNDLED_PROTEOME = "bundled:proteome"
@@ -50,39 +58,72 @@ SecondaryStructureLabels = Literal["ss3", "ss8"]
 Pooling = Literal["mean", "cls"]
 SampleBy = Literal["record", "cluster"]
 
-VARIANTS: dict[str, list[str]] = {
-    "random": ["--mode", "random"],
-    "random-15": ["--mode", "random", "--random_rate", "0.15", "--adversarial_rate", "0"],
-    "alternating": ["--mode", "adversarial"],
-    "context-only": ["--mode", "adversarial", "--noiser_context_only", "true"],
-    "context-warmup": [
-        "--mode",
-        "adversarial",
-        "--noiser_context_only",
-        "true",
-        "--noiser_start_at",
-        "0.25",
-    ],  # fmt: skip
-    "simultaneous": ["--mode", "adversarial", "--schedule", "simultaneous"],
-    "importance": ["--mode", "adversarial", "--estimator", "importance"],
-}
-"""The training variants that the throughput benchmark and the masking study compare: flags
-added to a run's own. ``alternating`` is the paper's method, ``random`` its baseline (20% random
-masking, the paper's total), ``random-15`` BERT's 15%; the others change one thing of the
-paper's setting, ``context-warmup`` two (a context-only noiser that starts after a quarter of
-the encoder steps of random masking)."""
-
 TRACKERS = ("tensorboard", "wandb", "mlflow", "csv")
 """Where a run's metrics can go besides metrics.jsonl (``advpt.training.trackers``)."""
 
 DEBUG_HELP = "on an error, show its traceback, not only its one sentence"
 
 
+class Section:
+    """A group of settings. Its fields are flags; its ``rules`` constrain them, beside them.
+
+    :meth:`validate` checks every field against its declared type first (a ``Literal`` against
+    its choices), so a config built in code is held to the same choices as one parsed from
+    flags, then the section's own rules. A field that is itself a section is validated in turn.
+    """
+
+    def rules(self) -> list[tuple[bool, str]]:
+        """(holds, the sentence if it does not) for each constraint on this section's fields."""
+        return []
+
+    def validate(self) -> None:
+        """Raise ``ConfigError`` for a value that cannot make a run."""
+        for name, kind in _field_types(type(self)).items():
+            value = getattr(self, name)
+            if isinstance(value, Section):
+                value.validate()
+            else:
+                _typed(name, value, kind, type(self).__name__)
+        for ok, message in self.rules():
+            if not ok:
+                raise ConfigError(message)
+
+
 # ----------------------------------------------------------------------------- pre-training
 
 
 @dataclass
-class DataConfig:
+class MethodConfig(Section):
+    """What the run trains: the adversarial method or the random baseline, and how the noiser
+    and the encoder take turns (the paper's Algorithm 5, or one joint step)."""
+
+    mode: Mode = "adversarial"
+    """adversarial trains the noiser against the encoder; random is the random-MLM baseline."""
+    schedule: Schedule = "alternating"
+    """alternating is the paper's (noiser phase, then encoder phase); simultaneous updates both
+    models from one forward and backward per step, the noiser through a gradient reversal."""
+    noiser_steps: int = 10
+    """Noiser optimizer steps per cycle (maximising the MLM loss)."""
+    encoder_steps: int = 10
+    """Encoder optimizer steps per cycle (minimising it)."""
+    reversal_scale: float = 1.0
+    """Simultaneous schedule: the noiser receives -reversal_scale x the loss gradient."""
+    noiser_start_at: float = 0.0
+    """Fraction of the encoder steps trained on plain random masking (random_rate +
+    adversarial_rate, all drawn at random) before the noiser starts, so that it meets an encoder
+    that already reads context; 0 is the paper's (adversarial from the first step)."""
+
+    def rules(self) -> list[tuple[bool, str]]:
+        return [
+            (self.noiser_steps > 0, "noiser_steps must be positive"),
+            (self.encoder_steps > 0, "encoder_steps must be positive"),
+            (self.reversal_scale > 0, "reversal_scale must be > 0"),
+            (0.0 <= self.noiser_start_at < 1.0, "noiser_start_at must be in [0, 1)"),
+        ]
+
+
+@dataclass
+class DataConfig(Section):
     """Where sequences come from and how they are cut into micro-batches."""
 
     data: str = BUNDLED_PROTEOME
@@ -115,9 +156,20 @@ class DataConfig:
     num_workers: int = 1
     """DataLoader worker processes per rank."""
 
+    def rules(self) -> list[tuple[bool, str]]:
+        return [
+            (self.sample_by == "record" or bool(self.clusters),
+             "sample_by cluster needs --clusters"),
+            (self.max_length >= 3, "max_length must be at least 3 tokens"),
+            (0.0 <= self.val_fraction < 1.0, "val_fraction must be in [0, 1)"),
+            (self.val_max_batches >= 0, "val_max_batches must be >= 0"),
+            (self.bucket_batches >= 1, "bucket_batches must be at least 1"),
+            (self.num_workers >= 0, "num_workers must be >= 0"),
+        ]  # fmt: skip
+
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Section):
     """Model architectures and sizes (presets of ``advpt.models``)."""
 
     encoder: EncoderPreset = "tape-base"
@@ -139,9 +191,17 @@ class ModelConfig:
     activation_checkpointing: int = 0
     """Recompute every n-th encoder layer in the backward pass to save memory; 0 is off."""
 
+    def rules(self) -> list[tuple[bool, str]]:
+        gru = self.noiser_arch == "gru"
+        return [
+            (gru or self.noiser_bidirectional, "noiser_bidirectional false needs noiser_arch gru"),
+            (gru or not self.noiser_context_only, "noiser_context_only needs noiser_arch gru"),
+            (self.activation_checkpointing >= 0, "activation_checkpointing must be >= 0"),
+        ]
+
 
 @dataclass
-class MaskingConfig:
+class MaskingConfig(Section):
     """The paper's mixed masking: 10% random + 10% adversarial, 20% of the residues in all.
 
     The adversarial budget is round(adversarial_rate x residues) per sequence, chosen among the
@@ -176,25 +236,32 @@ class MaskingConfig:
     """Share of the held-out residues masked at random in validation; 0 follows random_rate +
     adversarial_rate. Set it to compare runs that mask different shares on one footing."""
 
+    def rules(self) -> list[tuple[bool, str]]:
+        return [
+            (0.0 <= self.random_rate <= 1.0, "random_rate must be in [0, 1]"),
+            (self.adversarial_rate >= 0.0, "adversarial_rate must be >= 0"),
+            (self.random_rate + self.adversarial_rate <= 1.0,
+             "random_rate + adversarial_rate must be at most 1"),
+            (self.subset_temperature > 0, "subset_temperature must be > 0"),
+            (self.option_temperature > 0, "option_temperature must be > 0"),
+            (self.importance_clip > 0, "importance_clip must be > 0"),
+            (self.noiser_entropy_bonus >= 0, "noiser_entropy_bonus must be >= 0"),
+            (0.0 <= self.collapse_entropy_threshold <= 1.0,
+             "collapse_entropy_threshold must be in [0, 1]"),
+            (0.0 <= self.val_masking_rate <= 1.0, "val_masking_rate must be in [0, 1]"),
+        ]  # fmt: skip
+
 
 @dataclass
-class ScheduleConfig:
-    """Alternating (Algorithm 5) or simultaneous schedule, learning-rate and batch-size schedules.
+class OptimConfig(Section):
+    """How long the run trains and the learning rate and batch size over its steps.
 
-    Steps are optimizer steps, never micro-steps, so an accumulation window is never split.
+    Steps are optimizer steps, never micro-steps, so an accumulation window is never split. The
+    optimizer itself and its peak learning rate are the DeepSpeed JSONs'.
     """
 
-    schedule: Schedule = "alternating"
-    """alternating is the paper's (noiser phase, then encoder phase); simultaneous updates both
-    models from one forward and backward per step, the noiser through a gradient reversal."""
-    reversal_scale: float = 1.0
-    """Simultaneous schedule: the noiser receives -reversal_scale x the loss gradient."""
     max_steps: int = 100_000
     """Encoder optimizer steps of the run (noiser steps come on top)."""
-    noiser_steps: int = 10
-    """Noiser optimizer steps per cycle (maximising the MLM loss)."""
-    encoder_steps: int = 10
-    """Encoder optimizer steps per cycle (minimising it)."""
     warmup_steps: int = 10_000
     """Linear learning-rate warmup in encoder steps, then linear decay to min_lr_ratio x the
     peak at the last step."""
@@ -208,14 +275,20 @@ class ScheduleConfig:
     global batch grows batch_growth_factor-fold through gradient accumulation (the paper: 128
     for about four fifths of training, then 256). false keeps the DeepSpeed JSONs' batch for
     the whole run, as a short run wants."""
-    noiser_start_at: float = 0.0
-    """Fraction of the encoder steps trained on plain random masking (random_rate +
-    adversarial_rate, all drawn at random) before the noiser starts, so that it meets an encoder
-    that already reads context; 0 is the paper's (adversarial from the first step)."""
     batch_growth_at: float = 0.8
     """Fraction of the run after which the global batch grows by batch_growth_factor."""
     batch_growth_factor: int = 2
     """Global batch multiplier from batch_growth_at on; 1 keeps the batch fixed."""
+
+    def rules(self) -> list[tuple[bool, str]]:
+        return [
+            (self.max_steps > 0, "max_steps must be positive"),
+            (self.warmup_steps >= 0, "warmup_steps must be >= 0"),
+            (0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio must be in [0, 1]"),
+            (self.noiser_warmup_steps >= -1, "noiser_warmup_steps must be >= -1"),
+            (0.0 <= self.batch_growth_at <= 1.0, "batch_growth_at must be in [0, 1]"),
+            (self.batch_growth_factor >= 1, "batch_growth_factor must be >= 1"),
+        ]
 
     @property
     def growth_factor(self) -> int:
@@ -224,13 +297,11 @@ class ScheduleConfig:
 
 
 @dataclass
-class RunConfig:
+class RunConfig(Section):
     """Where the run lives and how often it reports and saves."""
 
     run_dir: str = "runs/advpt"
     """Directory of the run: config, metrics, TensorBoard events and checkpoints."""
-    mode: Mode = "adversarial"
-    """adversarial trains the noiser against the encoder; random is the random-MLM baseline."""
     seed: int = 0
     """Seeds the models, the data order, the held-out split and every masking draw."""
     log_every: int = 10
@@ -257,27 +328,35 @@ class RunConfig:
 
     @property
     def trackers(self) -> list[str]:
-        """``tracker`` as a list of names, unknown ones refused (``none`` is the empty list)."""
+        """``tracker`` as a list of names (``none``: the empty list)."""
         names = list(dict.fromkeys(n.strip() for n in self.tracker.split(",") if n.strip()))
-        if names == ["none"]:
-            return []
-        for name in names:
-            if name not in TRACKERS:
-                raise ConfigError(
-                    f"--tracker {self.tracker!r}: unknown tracker {name!r}; choose from "
-                    f"{', '.join(TRACKERS)} (several joined by commas) or none"
-                )
-        return names
+        return [] if names == ["none"] else names
+
+    def rules(self) -> list[tuple[bool, str]]:
+        unknown = [name for name in self.trackers if name not in TRACKERS] or [""]
+        return [
+            (not unknown[0], f"--tracker {self.tracker!r}: unknown tracker {unknown[0]!r}; choose "
+             f"from {', '.join(TRACKERS)} (several joined by commas) or none"),
+            (self.log_every > 0, "log_every must be positive"),
+            (self.eval_every >= 0, "eval_every must be >= 0"),
+            (self.checkpoint_every > 0, "checkpoint_every must be positive"),
+            (self.keep_checkpoints >= 1,
+             "keep_checkpoints must be at least 1 (the newest checkpoint is always kept)"),
+            (self.stop_after_steps >= 0, "stop_after_steps must be >= 0"),
+            (self.max_skipped_in_a_row >= 1, "max_skipped_in_a_row must be at least 1"),
+            (bool(self.project.strip()), "project must not be empty"),
+        ]  # fmt: skip
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Section):
     """Adversarial (or random) MLM pre-training of a protein encoder."""
 
-    data: DataConfig = field(default_factory=DataConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    dataset: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     masking: MaskingConfig = field(default_factory=MaskingConfig)
-    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
     deepspeed_config: str = "auto"
     """DeepSpeed JSON of the encoder (batch sizes, precision, optimizer, ZeRO): a file, or a
@@ -288,61 +367,14 @@ class TrainConfig:
     """DeepSpeed JSON of the noiser: a file, or a shipped config: cpu, gpu; auto is cpu on the
     CPU accelerator and gpu on a GPU. A JSON without batch settings follows the encoder's."""
 
-    def validate(self) -> None:
-        """Raise ``ConfigError`` for values that cannot make a run."""
-        m, s, d, r = self.masking, self.schedule, self.data, self.run
-        _check([
-            (0.0 <= m.random_rate <= 1.0, "random_rate must be in [0, 1]"),
-            (m.adversarial_rate >= 0.0, "adversarial_rate must be >= 0"),
-            (m.random_rate + m.adversarial_rate <= 1.0,
-             "random_rate + adversarial_rate must be at most 1"),
-            (m.subset_temperature > 0, "subset_temperature must be > 0"),
-            (m.option_temperature > 0, "option_temperature must be > 0"),
-            (m.importance_clip > 0, "importance_clip must be > 0"),
-            (m.noiser_entropy_bonus >= 0, "noiser_entropy_bonus must be >= 0"),
-            (0.0 <= m.collapse_entropy_threshold <= 1.0,
-             "collapse_entropy_threshold must be in [0, 1]"),
-            (0.0 <= m.val_masking_rate <= 1.0, "val_masking_rate must be in [0, 1]"),
-            (self.model.noiser_arch == "gru" or self.model.noiser_bidirectional,
-             "noiser_bidirectional false needs noiser_arch gru"),
-            (self.model.noiser_arch == "gru" or not self.model.noiser_context_only,
-             "noiser_context_only needs noiser_arch gru"),
-            (s.reversal_scale > 0, "reversal_scale must be > 0"),
-            (s.noiser_warmup_steps >= -1, "noiser_warmup_steps must be >= -1"),
-            (0.0 <= s.noiser_start_at < 1.0, "noiser_start_at must be in [0, 1)"),
-            (d.max_length >= 3, "max_length must be at least 3 tokens"),
-            (0.0 <= d.val_fraction < 1.0, "val_fraction must be in [0, 1)"),
-            (d.val_max_batches >= 0, "val_max_batches must be >= 0"),
-            (d.sample_by == "record" or bool(d.clusters), "sample_by cluster needs --clusters"),
-            (s.max_steps > 0, "max_steps must be positive"),
-            (s.noiser_steps > 0, "noiser_steps must be positive"),
-            (s.encoder_steps > 0, "encoder_steps must be positive"),
-            (s.batch_growth_factor >= 1, "batch_growth_factor must be >= 1"),
-            (0.0 <= s.min_lr_ratio <= 1.0, "min_lr_ratio must be in [0, 1]"),
-            (r.log_every > 0, "log_every must be positive"),
-            (r.checkpoint_every > 0, "checkpoint_every must be positive"),
-            (r.keep_checkpoints >= 1,
-             "keep_checkpoints must be at least 1 (the newest checkpoint is always kept)"),
-            (r.eval_every >= 0, "eval_every must be >= 0"),
-            (r.stop_after_steps >= 0, "stop_after_steps must be >= 0"),
-            (r.max_skipped_in_a_row >= 1, "max_skipped_in_a_row must be at least 1"),
-            (bool(r.project.strip()), "project must not be empty"),
-            (d.bucket_batches >= 1, "bucket_batches must be at least 1"),
-            (d.num_workers >= 0, "num_workers must be >= 0"),
-            (s.warmup_steps >= 0, "warmup_steps must be >= 0"),
-            (0.0 <= s.batch_growth_at <= 1.0, "batch_growth_at must be in [0, 1]"),
-            (self.model.activation_checkpointing >= 0, "activation_checkpointing must be >= 0"),
-        ])  # fmt: skip
-        _ = r.trackers  # refuses an unknown tracker name
-
     @property
     def adversarial(self) -> bool:
-        return self.run.mode == "adversarial"
+        return self.method.mode == "adversarial"
 
     @property
     def simultaneous(self) -> bool:
         """Whether one pass per step updates both engines (adversarial runs only)."""
-        return self.adversarial and self.schedule.schedule == "simultaneous"
+        return self.adversarial and self.method.schedule == "simultaneous"
 
     @property
     def importance(self) -> bool:
@@ -370,7 +402,7 @@ class TrainConfig:
 
 
 @dataclass
-class FinetuneConfig:
+class FinetuneConfig(Section):
     """Fine-tune a pre-trained encoder on a TAPE task; defaults follow TAPE where TAPE has one."""
 
     task: Task = "secondary_structure"
@@ -418,24 +450,20 @@ class FinetuneConfig:
     save_model: bool = True
     """Write the best-validation model to <run_dir>/model."""
 
-    def validate(self) -> None:
-        """Raise ``ConfigError`` for values that cannot make a run."""
-        _check([
+    def rules(self) -> list[tuple[bool, str]]:
+        return [
             (self.epochs > 0, "epochs must be positive"),
             (self.max_steps >= 0, "max_steps must be >= 0"),
             (0.0 <= self.warmup_fraction < 1.0, "warmup_fraction must be in [0, 1)"),
             (self.eval_every >= 0, "eval_every must be >= 0"),
             (self.patience > 0, "patience must be positive"),
             (self.batch_size is None or self.batch_size > 0, "batch_size must be positive"),
-        ])  # fmt: skip
+        ]
+
+    def validate(self) -> None:
+        super().validate()
         if not self.run_dir:
             self.run_dir = str(Path("runs", "finetune", self.task))
-
-
-def _check(checks: list[tuple[bool, str]]) -> None:
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
 
 
 # ----------------------------------------------------------------------------- flags and files
@@ -470,28 +498,30 @@ class _Setting:
     help: str
 
 
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    """Field name -> declared type (resolved), in declaration order."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
 def _settings(root: type) -> dict[str, _Setting]:
     """Flag name -> setting, for the root's plain fields and its sections' fields.
 
-    Names are unique across sections, so flags and flat run files need no prefixes.
+    Names are unique across sections and differ from the section names, so flags and flat run
+    files need no prefixes, and a run file's key is either a section or a setting.
     """
     defaults = root()
-    hints = typing.get_type_hints(root)
     out: dict[str, _Setting] = {}
-    for f in dataclasses.fields(root):
-        if dataclasses.is_dataclass(hints[f.name]):
-            section = hints[f.name]
-            section_hints = typing.get_type_hints(section)
-            docs = field_docs(section)
-            for sf in dataclasses.fields(section):
-                value = getattr(getattr(defaults, f.name), sf.name)
-                out[sf.name] = _Setting(f.name, sf.name, section_hints[sf.name], value,
-                                        docs.get(sf.name, ""))  # fmt: skip
+    for name, kind in _field_types(root).items():
+        if isinstance(getattr(defaults, name), Section):
+            docs = field_docs(kind)
+            for sub, sub_kind in _field_types(kind).items():
+                value = getattr(getattr(defaults, name), sub)
+                out[sub] = _Setting(name, sub, sub_kind, value, docs.get(sub, ""))
         else:
-            value = getattr(defaults, f.name)
-            out[f.name] = _Setting(
-                "", f.name, hints[f.name], value, field_docs(root).get(f.name, "")
-            )
+            value = getattr(defaults, name)
+            out[name] = _Setting("", name, kind, value, field_docs(root).get(name, ""))
     return out
 
 
@@ -569,6 +599,20 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
+class _PrintDsConfig(argparse.Action):
+    """``--print_ds_config ROLE/NAME``: print that shipped JSON as it is, then exit 0."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(ds_configs.text(values), end="")
+        parser.exit()
+
+
 def build_parser(root: type) -> argparse.ArgumentParser:
     """A parser with one flag per setting of ``root``, grouped by section, help from the docs."""
     parser = argparse.ArgumentParser(
@@ -577,11 +621,18 @@ def build_parser(root: type) -> argparse.ArgumentParser:
     parser.add_argument("--config", help="JSON or YAML run file of these settings (flags win)")
     parser.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
-    hints = typing.get_type_hints(root)
+    parser.add_argument(
+        "--print_ds_config",
+        action=_PrintDsConfig,
+        default=argparse.SUPPRESS,
+        metavar="ROLE/NAME",
+        help="print a DeepSpeed JSON shipped with advpt, to copy and edit, and exit: "
+        + ", ".join(ds_configs.specs()),
+    )
     groups: dict[str, Any] = {"": parser}
     for setting in _settings(root).values():
         if setting.section not in groups:
-            section = hints[setting.section]
+            section = _field_types(root)[setting.section]
             groups[setting.section] = parser.add_argument_group(
                 f"{setting.section} settings", inspect.getdoc(section)
             )
@@ -608,13 +659,23 @@ def _read_run_file(path: str) -> dict[str, Any]:
     return content
 
 
+OLD_SECTIONS = ("data", "schedule")
+"""Section names of earlier run files (and of their runs' config.json), still read: a mapping
+under ``data`` or ``schedule`` is a section. These two alone are also settings (--data,
+--schedule), so only for them does the kind of value decide."""
+
+
 def _apply(config: Any, values: dict[str, Any], source: str) -> None:
     """Set ``values`` (flat, or grouped under section names) on ``config``, each type-checked."""
     settings = _settings(type(config))
     sections = {s.section for s in settings.values()} - {""}
     flat: dict[str, Any] = {}
     for key, value in values.items():
-        if key in sections and isinstance(value, dict):
+        if key in sections and not isinstance(value, dict):
+            raise ConfigError(
+                f"{source}: section {key!r} must hold a mapping of settings, got {shorten(value)}"
+            )
+        if key in sections or (key in OLD_SECTIONS and isinstance(value, dict)):
             flat.update(value)
         else:
             flat[key] = value

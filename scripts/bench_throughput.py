@@ -16,7 +16,7 @@ reports, per second of wall time, the sequences and non-padding tokens that went
 updates*, so the noiser steps of an adversarial run show up as lost throughput; ``cost_vs_random``
 is the time per encoder update relative to random MLM with the same precision, checkpointing,
 micro-batch, ZeRO stage and global batch, measured in the same process. Modes
-(``advpt.config.VARIANTS``): ``random``, ``alternating`` (the paper's schedule), ``simultaneous``
+(``advpt.variants.VARIANTS``): ``random``, ``alternating`` (the paper's schedule), ``simultaneous``
 (one joint pass per step), ``importance`` and the others. A mode with a random-only warm-up
 (``context-warmup``) is timed after it (``--noiser_start_at 0``): the warm-up's steps are random
 MLM's, timed in that row. A row's ``phases`` counts the timed optimizer steps of each phase.
@@ -61,13 +61,14 @@ if "--cpu" in sys.argv:  # before DeepSpeed picks its accelerator
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from advpt.config import VARIANTS, parse_config  # noqa: E402
+from advpt.config import parse_config  # noqa: E402
 from advpt.data.stream import stream_loader  # noqa: E402
 from advpt.models import ENCODER_PRESETS  # noqa: E402
 from advpt.training.build import build_trainer, init_distributed  # noqa: E402
 from advpt.training.engines import simple_ds_config  # noqa: E402
 from advpt.training.phases import PHASES  # noqa: E402
 from advpt.training.schedule import ENCODER  # noqa: E402
+from advpt.variants import VARIANTS  # noqa: E402
 
 FLOPS_FORMULA = "6 * N_body * T + 12 * layers * H * L * T + 6 * (H * H + H * V) * M"
 
@@ -121,7 +122,7 @@ def build(args, mode: str, cell: dict, work: Path, device: torch.device):
     """The trainer of one combination (``cell``: precision, checkpointing, micro, zero, global).
 
     The noiser gets the encoder's micro-batch and accumulation, in fp32 at ZeRO 0 (the GRU
-    stays in fp32, as in the shipped advpt/ds_configs/noiser/gpu.json).
+    stays in fp32, as in the shipped ds_configs/noiser/gpu.json).
     """
     cuda = device.type == "cuda"
     work.mkdir(parents=True, exist_ok=True)
@@ -196,7 +197,7 @@ def measure(args, mode: str, cell: dict, work: Path, device: torch.device) -> di
         return done, phases
 
     # Whole noiser + encoder cycles, so an alternating row counts its noiser steps in full.
-    cycle = 1 if trainer.config.simultaneous else trainer.config.schedule.encoder_steps
+    cycle = 1 if trainer.config.simultaneous else trainer.config.method.encoder_steps
     warmup, steps = (-(-n // cycle) * cycle for n in (args.warmup, args.steps))
     run(warmup)
     sync(device)

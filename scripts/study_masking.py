@@ -4,7 +4,7 @@
     python scripts/study_masking.py --quick --out /tmp/study     # tiny presets, seconds (tests)
     python scripts/study_masking.py --size gpu                   # larger runs, for a GPU
 
-Arms (``advpt.config.VARIANTS``): random MLM at 15% and at 20%, the paper's setting
+Arms (``advpt.variants.VARIANTS``): random MLM at 15% and at 20%, the paper's setting
 (alternating schedule, 10% random + 10% noiser), and changes of it: the context-only noiser,
 the same after a random-only warm-up of a quarter of the updates, the simultaneous schedule,
 importance-weighted masking. Every arm trains for the same number of encoder updates with each
@@ -50,14 +50,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from advpt.config import (
-    BUNDLED_PROTEOME,
-    VARIANTS,
-    DataConfig,
-    ScheduleConfig,
-    TrainConfig,
-    parse_config,
-)
+from advpt.config import BUNDLED_PROTEOME, DataConfig, OptimConfig, TrainConfig, parse_config
 from advpt.data.collate import Batch, MaskingCollator
 from advpt.data.dataset import CroppedView
 from advpt.data.stream import ValidationBatches
@@ -67,6 +60,7 @@ from advpt.training.build import build_data, build_trainer, init_distributed, op
 from advpt.training.engines import simple_ds_config
 from advpt.training.objective import AdversarialObjective, masked_lm
 from advpt.training.trainer import Trainer
+from advpt.variants import VARIANTS
 
 REPO = Path(__file__).resolve().parent.parent
 STANDARD_RESIDUES = "ACDEFGHIKLMNPQRSTVWY"
@@ -86,7 +80,7 @@ SCORE_RATE = 0.2  # random masking of the held-out task and of every validation 
 JUDGE_SEED = 1000
 DRAW_SEED = 10_000  # crop windows, masks and judge draws of the final scores
 DEVICE = torch.device("cpu")  # this process's device, set by start_process
-MIN_LR = ScheduleConfig().min_lr_ratio  # the library's; every run keeps it
+MIN_LR = OptimConfig().min_lr_ratio  # the library's; every run keeps it
 PAIRED = {  # the losses compared with the paper's setting seed by seed
     "random": lambda r: r["random masking"]["loss"],
     "hard": lambda r: r["hard positions"]["loss"],

@@ -7,9 +7,11 @@ import typing
 import pytest
 
 from advpt.config import (
-    VARIANTS,
+    OLD_SECTIONS,
     EncoderPreset,
     FinetuneConfig,
+    MethodConfig,
+    ModelConfig,
     NoiserPreset,
     Pooling,
     SecondaryStructureLabels,
@@ -24,6 +26,7 @@ from advpt.errors import ConfigError
 from advpt.models import ENCODER_PRESETS, NOISER_PRESETS, TRANSFORMER_NOISER_PRESETS
 from advpt.models.heads import POOLINGS, HeadConfig
 from advpt.tasks import SS_LABELS, TASKS
+from advpt.variants import VARIANTS
 
 
 @pytest.mark.parametrize(
@@ -55,7 +58,7 @@ def test_bad_settings_are_one_sentence_errors(flags, message):
 
 def test_defaults_are_the_papers():
     config = parse_config([])
-    assert config.schedule.schedule == "alternating"
+    assert config.method.schedule == "alternating"
     assert config.masking.estimator == "mixed"
     assert config.model.noiser_arch == "gru" and not config.model.noiser_context_only
     assert config.masking.noiser_entropy_bonus == 0.0
@@ -118,10 +121,10 @@ def test_run_file_values_are_checked_against_the_declared_types(tmp_path, conten
 
 def test_an_integer_is_a_float_and_flags_override_the_file_with_their_declared_type(tmp_path):
     run_file = tmp_path / "run.json"
-    run_file.write_text(json.dumps({"masking": {"random_rate": 0}, "schedule": {"max_steps": 5}}))
+    run_file.write_text(json.dumps({"masking": {"random_rate": 0}, "optim": {"max_steps": 5}}))
     config = parse_config(["--config", str(run_file), "--max_steps", "2"])
     assert config.masking.random_rate == 0.0 and isinstance(config.masking.random_rate, float)
-    assert config.schedule.max_steps == 2
+    assert config.optim.max_steps == 2
 
 
 def test_a_yaml_alias_bomb_is_refused_in_a_short_sentence(tmp_path):
@@ -150,5 +153,87 @@ def test_finetune_settings_share_the_style(tmp_path):
 def test_every_training_variant_is_a_valid_set_of_flags():
     for name, flags in VARIANTS.items():
         config = parse_config(flags)
-        assert config.run.mode == ("random" if name.startswith("random") else "adversarial")
+        assert config.method.mode == ("random" if name.startswith("random") else "adversarial")
         assert sum(config.masking_rates()) == pytest.approx(0.15 if name == "random-15" else 0.2)
+
+
+def test_section_names_are_no_setting_names_and_old_ones_are_settings_only():
+    hints = typing.get_type_hints(TrainConfig)
+    sections = {name for name, kind in hints.items() if dataclasses.is_dataclass(kind)}
+    settings = [f.name for _, f in _all_fields(TrainConfig)]
+    assert sections == {"method", "dataset", "model", "masking", "optim", "run"}
+    assert len(settings) == len(set(settings)) and not sections & set(settings)
+    assert set(OLD_SECTIONS) <= set(settings)
+
+
+OLD_RUN_FILE = """\
+data: {data: uniref50.fasta.gz, max_length: 256}
+schedule: {schedule: simultaneous, max_steps: 200, noiser_steps: 3}
+run: {mode: adversarial, run_dir: runs/old}
+"""
+NEW_RUN_FILE = """\
+method: {mode: adversarial, schedule: simultaneous, noiser_steps: 3}
+dataset: {data: uniref50.fasta.gz, max_length: 256}
+optim: {max_steps: 200}
+run: {run_dir: runs/old}
+"""
+FLAT_RUN_FILE = """\
+data: uniref50.fasta.gz
+schedule: simultaneous
+max_length: 256
+max_steps: 200
+noiser_steps: 3
+run_dir: runs/old
+"""
+
+
+def test_old_sections_new_sections_and_flat_keys_read_the_same(tmp_path):
+    configs = []
+    for name, content in [("old", OLD_RUN_FILE), ("new", NEW_RUN_FILE), ("flat", FLAT_RUN_FILE)]:
+        run_file = tmp_path / f"{name}.yaml"
+        run_file.write_text(content)
+        configs.append(parse_config(["--config", str(run_file)]))
+    assert configs[0] == configs[1] == configs[2]
+    config = configs[0]
+    assert (config.dataset.data, config.method.schedule, config.optim.max_steps) == (
+        "uniref50.fasta.gz",
+        "simultaneous",
+        200,
+    )
+    assert config != parse_config([])
+
+
+def test_a_runs_config_json_reads_back_as_a_run_file(tmp_path):
+    config = parse_config(["--mode", "random", "--data", "x.fasta", "--max_steps", "7"])
+    run_file = tmp_path / "config.json"
+    run_file.write_text(json.dumps(config.to_dict()))
+    assert parse_config(["--config", str(run_file)]) == config
+
+
+def test_a_section_key_must_hold_a_mapping(tmp_path):
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text("masking: 0.1\n")
+    with pytest.raises(ConfigError, match="section 'masking' must hold a mapping of settings"):
+        parse_config(["--config", str(run_file)])
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (
+            TrainConfig(method=MethodConfig(mode="adverse")),
+            "MethodConfig: setting 'mode' must be adversarial | random, got 'adverse'",
+        ),
+        (TrainConfig(model=ModelConfig(encoder="huge")), "setting 'encoder' must be tape-base"),
+        (
+            TrainConfig(model=ModelConfig(activation_checkpointing="2")),
+            "setting 'activation_checkpointing' must be an integer, got '2'",
+        ),
+        (TrainConfig(deepspeed_config=None), "TrainConfig: setting 'deepspeed_config' must be a"),
+        (TrainConfig(method=MethodConfig(noiser_start_at=1.0)), "noiser_start_at must be in"),
+        (FinetuneConfig(task="contact"), "FinetuneConfig: setting 'task' must be secondary"),
+    ],
+)
+def test_a_config_built_in_code_is_held_to_its_declared_types_and_rules(config, message):
+    with pytest.raises(ConfigError, match=message):
+        config.validate()

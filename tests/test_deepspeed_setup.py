@@ -23,7 +23,7 @@ def test_every_shipped_config_loads_by_short_name_from_another_directory(
     monkeypatch.chdir(tmp_path)
     encoder = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3}
     config = load_ds_config(name, tmp_path, role, batch_from=encoder)
-    shipped = json.loads((REPO / "advpt" / "ds_configs" / role / f"{name}.json").read_text())
+    shipped = json.loads((REPO / "ds_configs" / role / f"{name}.json").read_text())
     assert config["optimizer"] == shipped["optimizer"]
     if role == "noiser":  # states no batch settings: follows the encoder's
         assert config["train_micro_batch_size_per_gpu"] == 4

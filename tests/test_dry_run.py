@@ -35,7 +35,7 @@ from deepspeed.runtime.config import DeepSpeedConfig
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from advpt.config import VARIANTS, parse_config
+from advpt.config import parse_config
 from advpt.data.collate import Batch, MaskingCollator
 from advpt.data.tape_tasks import TaskSplit, collate
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
@@ -47,6 +47,7 @@ from advpt.training.objective import AdversarialObjective
 from advpt.training.phases import PHASES
 from advpt.training.schedule import ENCODER, JOINT, NOISER, RANDOM
 from advpt.training.trainer import validation_sums
+from advpt.variants import VARIANTS
 from tests.helpers import REPO
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -110,8 +111,8 @@ def hot_loop(device: torch.device):
 
 
 def config_dtype(name: str) -> torch.dtype:
-    """The parameter dtype DeepSpeed gives a model under ``advpt/ds_configs/<name>.json``."""
-    shipped = json.loads((REPO / "advpt" / "ds_configs" / f"{name}.json").read_text())
+    """The parameter dtype DeepSpeed gives a model under ``ds_configs/<name>.json``."""
+    shipped = json.loads((REPO / "ds_configs" / f"{name}.json").read_text())
     # a noiser config states no batch size (it follows the encoder's); DeepSpeed wants one
     config = DeepSpeedConfig({"train_micro_batch_size_per_gpu": 1, **shipped})
     if config.float16_config.enabled:
@@ -173,7 +174,7 @@ def moved(batch: Batch, device: torch.device) -> Batch:
     return on_device
 
 
-# Each case: the training variant (advpt.config.VARIANTS), the phase, the encoder's DeepSpeed
+# Each case: the training variant (advpt.variants.VARIANTS), the phase, the encoder's DeepSpeed
 # config, and extra flags.
 CASES = {
     "alternating-noiser-bf16": ("alternating", NOISER, "encoder/gpu-bf16", []),
@@ -219,7 +220,7 @@ def test_a_micro_step_of_each_phase_stays_on_the_device(device: str, case: str):
         )
         noiser = place(noiser, device, "noiser/gpu")
     objective = AdversarialObjective(
-        config.masking, config.importance, config.schedule.reversal_scale, vocab
+        config.masking, config.importance, config.method.reversal_scale, vocab
     )
     metrics = MetricsAccumulator(device, vocab)
     for batch in collated_batches(config, vocab):

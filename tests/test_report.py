@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from advpt.config import parse_config
 from advpt.report import main
 from advpt.training.run_metrics import load_run
 from advpt.training.summary import compare_runs, format_duration, report_run, summarize
@@ -14,7 +15,7 @@ from tests.helpers import REPO, child_env
 
 def _write_run(run_dir, rows, mode="adversarial", tail=""):
     run_dir.mkdir(parents=True)
-    (run_dir / "config.json").write_text(json.dumps({"run": {"mode": mode}}))
+    (run_dir / "config.json").write_text(json.dumps(parse_config(["--mode", mode]).to_dict()))
     text = "".join(json.dumps(r) + "\n" for r in rows) + tail
     (run_dir / "metrics.jsonl").write_text(text)
     return run_dir
@@ -135,3 +136,10 @@ def test_durations_read_like_a_clock():
     assert [format_duration(s) for s in (None, 4.4, 62, 3 * 3600 + 5)] == [
         "-", "4s", "1m 02s", "3h 00m 05s",
     ]  # fmt: skip
+
+
+def test_the_mode_of_a_run_written_before_the_method_section(tmp_path):
+    run_dir = _write_run(tmp_path / "old", [_train(1, 1, 0, "encoder", 1.0)])
+    assert load_run(run_dir).mode == "adversarial"
+    (run_dir / "config.json").write_text(json.dumps({"run": {"mode": "random"}}))
+    assert load_run(run_dir).mode == "random"

@@ -98,7 +98,8 @@ def init_distributed() -> torch.device:
 def build_trainer(
     config: TrainConfig, device: torch.device, stop_signals: StopSignals | None = None
 ) -> Trainer:
-    """Data, models and engines for ``config``."""
+    """Data, models and engines for ``config`` (validated: it may have been built in code)."""
+    config.validate()
     check_available(config.run.trackers)
     rank, world = dist.get_rank(), dist.get_world_size()
     board_dir = Path(config.run.run_dir) / "tensorboard"
@@ -137,7 +138,7 @@ def build_data(
     config: TrainConfig, micro_batch: int, rank: int, world: int
 ) -> tuple[MicroBatches, ValidationBatches]:
     """This rank's training stream and its share of the fixed validation sample."""
-    d, seed = config.data, config.run.seed
+    d, seed = config.dataset, config.run.seed
     vocab = ENCODER_PRESETS[config.model.encoder].vocabulary  # the encoder decides the ids
     dataset, clusters = open_data(d)
     train, held_out = split(len(dataset), clusters, d.val_fraction, seed, d.sample_by)
@@ -160,7 +161,7 @@ def build_engines(
 ) -> tuple[deepspeed.DeepSpeedEngine, deepspeed.DeepSpeedEngine | None]:
     """The encoder's engine and (adversarial runs) the noiser's, seeded by ``config``."""
     torch.manual_seed(config.run.seed)
-    s = config.schedule
+    s, method = config.optim, config.method
     encoder_cfg = dataclasses.replace(
         ENCODER_PRESETS[config.model.encoder],
         activation_checkpointing=config.model.activation_checkpointing,
@@ -172,10 +173,10 @@ def build_engines(
     noiser = None
     if config.adversarial:
         m = config.model
-        played = s.max_steps - random_only_steps(s.max_steps, s.noiser_start_at)
+        played = s.max_steps - random_only_steps(s.max_steps, method.noiser_start_at)
         warmup, total = noiser_lr_steps(
-            played, s.warmup_steps, s.noiser_steps, s.encoder_steps, s.noiser_warmup_steps,
-            config.simultaneous,
+            played, s.warmup_steps, method.noiser_steps, method.encoder_steps,
+            s.noiser_warmup_steps, config.simultaneous,
         )  # fmt: skip
         noiser_model = build_noiser(
             m.noiser_arch, m.noiser, encoder_cfg.vocabulary, m.noiser_bidirectional,

@@ -72,7 +72,9 @@ def load_run(run_dir: str | Path) -> Run:
     mode = "unknown"
     config = path / "config.json"
     if config.is_file():
-        mode = json.loads(config.read_text()).get("run", {}).get("mode", mode)
+        sections = json.loads(config.read_text())
+        # runs written before the method section kept the mode under run
+        mode = sections.get("method", sections.get("run", {})).get("mode", mode)
     return Run(path, mode, rows, _add_wall_time(rows))
 
 

@@ -104,12 +104,12 @@ class Trainer:
         self.checkpoints = self.run_dir / "checkpoints"
         self.schedule = make_schedule(
             config.simultaneous,
-            config.schedule.noiser_steps,
-            config.schedule.encoder_steps,
+            config.method.noiser_steps,
+            config.method.encoder_steps,
             config.adversarial,
         )
         self.random_only_steps = (
-            random_only_steps(config.schedule.max_steps, config.schedule.noiser_start_at)
+            random_only_steps(config.optim.max_steps, config.method.noiser_start_at)
             if config.adversarial
             else 0
         )
@@ -118,7 +118,7 @@ class Trainer:
         self.is_main = rank() == 0
         self.vocab = encoder_engine.module.encoder.cfg.vocabulary  # the encoder's ids, all along
         self.objective = AdversarialObjective(
-            config.masking, config.importance, config.schedule.reversal_scale, self.vocab
+            config.masking, config.importance, config.method.reversal_scale, self.vocab
         )
         self.metrics = MetricsAccumulator(device, self.vocab)
         self._last_phase = self.phase
@@ -161,15 +161,15 @@ class Trainer:
         )  # fmt: skip
         data = iter(
             stream_loader(
-                self.stream, self.counters.micro_batches, cfg.data.num_workers, ignore_in_worker
+                self.stream, self.counters.micro_batches, cfg.dataset.num_workers, ignore_in_worker
             )
         )
-        stop_at = cfg.schedule.max_steps
+        stop_at = cfg.optim.max_steps
         if cfg.run.stop_after_steps:
             stop_at = min(stop_at, self.counters.encoder_step + cfg.run.stop_after_steps)
         progress = Progress(
             self.steps_until(stop_at), self.counters.step, stop_at,
-            f"{cfg.run.mode} pre-training", enabled=self.is_main,
+            f"{cfg.method.mode} pre-training", enabled=self.is_main,
         )  # fmt: skip
         progress.note(self._describe_batch())
         last: dict[str, Any] = {}
@@ -292,7 +292,7 @@ class Trainer:
         return out
 
     def _apply_batch_growth(self) -> None:
-        s = self.config.schedule
+        s = self.config.optim
         factor = batch_growth(
             self.counters.encoder_step, s.max_steps, s.batch_growth_at, s.growth_factor
         )
@@ -340,7 +340,7 @@ class Trainer:
 
     def _describe_batch(self) -> str:
         """The global batch, where it comes from, and when it grows (said at the start)."""
-        s = self.config.schedule
+        s = self.config.optim
         world = world_size()
         micro = self.encoder.train_micro_batch_size_per_gpu()
         accumulation = self.base_batch["encoder"] // (micro * world)
