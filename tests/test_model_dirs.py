@@ -251,6 +251,19 @@ def test_export_and_tape_configs_claiming_other_sizes_allocate_nothing(tmp_path,
     )
 
 
+def test_tensors_that_do_not_stack_are_one_sentence(tmp_path, capsys):
+    path = tmp_path / "esm"
+    save_tiny_esm(path)
+    state = load_file(str(path / "model.safetensors"))
+    name = "esm.encoder.layer.0.attention.self.key.weight"
+    state[name] = state[name][:, :32].contiguous()
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    assert _export(path, capsys) == (
+        f"{path} has esm.encoder.layer.0.attention.self query, key and value weights of shapes "
+        "[64, 64], [64, 32], [64, 64], which do not stack"
+    )
+
+
 # ----------------------------------------------------------------------------- pickles
 
 

@@ -7,9 +7,11 @@ into one ``qkv`` projection in q|k|v order, and the rest one tensor for one.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+from advpt.errors import CheckpointError
 from advpt.safe_load import State
 
 # EncoderConfig field -> the BERT-style config's (TAPE's ProteinBertConfig, EsmConfig).
@@ -30,9 +32,14 @@ _QKV = ("query", "key", "value")
 
 
 def layers_from_bert(
-    get: Callable[[str], torch.Tensor], prefix: str, names: dict[str, str], num_layers: int
+    get: Callable[[str], torch.Tensor],
+    prefix: str,
+    names: dict[str, str],
+    num_layers: int,
+    source: Path,
 ) -> State:
-    """advpt's transformer-layer tensors from a BERT-layout checkpoint (TAPE's, ESM's).
+    """advpt's transformer-layer tensors from a BERT-layout checkpoint (TAPE's, ESM's) read
+    from ``source``.
 
     Layer ``i``'s tensors there are named ``{prefix}{i}.`` + ``attention.self.{query,key,value}``
     (fused here into ``qkv``, in that order) or a name ``names`` maps advpt's to; ``get``
@@ -43,6 +50,11 @@ def layers_from_bert(
         src = f"{prefix}{i}."
         for kind in ("weight", "bias"):
             parts = [get(f"{src}attention.self.{p}.{kind}") for p in _QKV]
+            if len({part.shape[1:] for part in parts}) > 1 or min(p.ndim for p in parts) == 0:
+                raise CheckpointError(
+                    f"{source} has {src}attention.self query, key and value {kind}s of shapes "
+                    f"{', '.join(str(list(part.shape)) for part in parts)}, which do not stack"
+                )
             state[f"layers.{i}.attention.qkv.{kind}"] = torch.cat(parts)
             for name, theirs in names.items():
                 state[f"layers.{i}.{name}.{kind}"] = get(f"{src}{theirs}.{kind}")

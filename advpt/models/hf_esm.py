@@ -157,7 +157,7 @@ def _advpt_state(
     if stored is None:
         stored = RotaryEmbedding(cfg.hidden_size // cfg.num_heads, rope_theta).inv_freq
     encoder["rotary.inv_freq"] = stored
-    encoder |= layers_from_bert(get, "esm.encoder.layer.", _LAYER, cfg.num_layers)
+    encoder |= layers_from_bert(get, "esm.encoder.layer.", _LAYER, cfg.num_layers, source)
     if not any(name.startswith("lm_head.") for name in hf):
         return encoder, None
     head = {name: get(hf_name) for name, hf_name in _HEAD.items()}

@@ -84,7 +84,7 @@ def load_tape(tape_dir: str | Path) -> ProteinEncoder:
             f"{list(position.shape)} and {list(token_type.shape)}, not [positions, width] alike"
         )
     state["position_embedding.weight"] = position + token_type[0]
-    state |= layers_from_bert(get, "encoder.layer.", _TAPE_LAYER, cfg.num_layers)
+    state |= layers_from_bert(get, "encoder.layer.", _TAPE_LAYER, cfg.num_layers, weights)
     return build_encoder(cfg, state, weights, config)
 
 
