@@ -64,24 +64,28 @@ def _from_run_dir(run_dir: Path) -> MaskedLanguageModel:
     checkpoints = run_dir / "checkpoints"
     tag = complete_latest(checkpoints)
     cfg = _run_encoder(run_dir, tag)
-    model = MaskedLanguageModel(cfg)
-    state = _consolidated(checkpoints / "encoder", tag, model)
+    with torch.device("meta"):  # the parameters' names and sizes, no memory
+        shapes = MaskedLanguageModel(cfg)
+    state = _consolidated(checkpoints / "encoder", tag, shapes)
     source = checkpoints / "encoder" / tag
     # The decoder is the token embedding: one tensor under two names, of which a mixed-precision
     # ZeRO-0 checkpoint has the fp32 master under the encoder's only.
     if "encoder.token_embedding.weight" not in state:
         raise CheckpointError(f"{source} has no encoder.token_embedding.weight")
     state["head.token_embedding.weight"] = state["encoder.token_embedding.weight"]
-    return load_into(lambda: model, check_finite(state, source), source, run_dir / CONFIG_FILE)
+    state = check_finite(state, source)
+    return load_into(lambda: MaskedLanguageModel(cfg), state, source, run_dir / CONFIG_FILE)
 
 
 def _run_encoder(run_dir: Path, tag: str) -> EncoderConfig:
     """The encoder a run trained: the preset its ``config.json`` names or, for one whose
     architecture came from ``--init_from`` (no preset named), the one its checkpoint records."""
-    preset = read_json(run_dir / CONFIG_FILE).get("model", {}).get("encoder")
+    model = read_json(run_dir / CONFIG_FILE).get("model")
+    preset = model.get("encoder") if isinstance(model, dict) else None
     if preset is None:
         manifest = run_dir / "checkpoints" / MANIFEST / f"{tag}.json"
-        preset = read_json(manifest).get("architecture", {}).get("encoder")
+        architecture = read_json(manifest).get("architecture")
+        preset = architecture.get("encoder") if isinstance(architecture, dict) else None
         if isinstance(preset, dict):
             try:
                 return EncoderConfig(**preset)
@@ -96,7 +100,8 @@ def _run_encoder(run_dir: Path, tag: str) -> EncoderConfig:
 
 
 def _consolidated(engine_dir: Path, tag: str, model: MaskedLanguageModel) -> State:
-    """fp32 weights of the ``MaskedLanguageModel`` checkpoint ``engine_dir/tag``.
+    """fp32 weights of the ``MaskedLanguageModel`` checkpoint ``engine_dir/tag`` (``model``, on
+    any device, gives the parameters' names and sizes).
 
     ZeRO 1-3 shard fp32 master weights into ``*zero_pp_rank_*_optim_states.pt`` files, which
     DeepSpeed's ``zero_to_fp32`` consolidates whatever the number of ranks. ZeRO 0 keeps the
