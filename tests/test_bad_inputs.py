@@ -251,7 +251,7 @@ def _train(tmp_path: Path, *flags: str) -> int:
         (
             ["--encoder", "x" * 10_000],
             "setting 'encoder' must be tape-base | small | tiny | esm2_t6_8M | esm2_t12_35M | "
-            "esm2_t30_150M | esm2_t33_650M | esm2_t36_3B | esm2_tiny, got 'xx",
+            "esm2_t30_150M | esm2_t33_650M | esm2_t36_3B | esm2_tiny or unset, got 'xx",
         ),
     ],
 )
