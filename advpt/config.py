@@ -172,13 +172,14 @@ class DataConfig(Section):
 class ModelConfig(Section):
     """Model architectures and sizes (presets of ``advpt.models``)."""
 
-    encoder: EncoderPreset = "tape-base"
+    encoder: EncoderPreset | None = None
     """Encoder and its vocabulary: tape-base is the paper's (TAPE's transformer), small and tiny
-    for CPUs; esm2_* are ESM-2's published sizes (ESM's alphabet), esm2_tiny for tests."""
+    for CPUs; esm2_* are ESM-2's published sizes (ESM's alphabet), esm2_tiny for tests. Unset:
+    the --init_from model's own architecture, else tape-base."""
     init_from: str = ""
     """Start from this pre-trained masked LM instead of a random encoder (continued
-    pre-training): a local Hugging Face EsmForMaskedLM directory, an advpt export with its MLM
-    head, or an advpt run directory; --encoder must name its architecture. Empty: random init."""
+    pre-training): a local Hugging Face EsmForMaskedLM directory (any ESM-2 shape), an advpt
+    export with its MLM head, or an advpt run directory. Empty: random init."""
     noiser: NoiserPreset = "paper"
     """Noiser size: paper is the paper's GRU (3 layers, 1024 in, 512 out)."""
     noiser_arch: NoiserArch = "gru"

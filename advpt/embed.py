@@ -64,7 +64,7 @@ from advpt.inference import (
     refuse_existing,
 )
 from advpt.models.encoder import Encoder
-from advpt.models.pretrained import encoder_of
+from advpt.models.weights import encoder_of
 
 NAME_CHUNK = 1 << 16  # names written at a time
 

@@ -6,7 +6,7 @@ earlier export, a Hugging Face ESM-2 directory or a TAPE ``save_pretrained`` dir
 ``--format advpt`` (default) writes ``config.json`` + ``model.safetensors``, the encoder and (when
 the source has one) its MLM head, which load without DeepSpeed::
 
-    from advpt.models.pretrained import load_export, load_masked_lm
+    from advpt.models.exports import load_export, load_masked_lm
     encoder = load_export(OUT_DIR)          # encoder(ids, valid) -> [B, L, H]
     model = load_masked_lm(OUT_DIR)         # model.head(model.encoder(ids, valid)) -> [B, L, V]
 
@@ -35,8 +35,10 @@ from pathlib import Path
 from advpt.config import DEBUG_HELP
 from advpt.errors import EXIT_BAD_INPUT, CheckpointError, OutputError, cannot_write, report
 from advpt.models.encoder import Encoder, MaskedLanguageModel
+from advpt.models.exports import save_export
 from advpt.models.hf_esm import save_hf_esm
-from advpt.models.pretrained import CONFIG_FILE, encoder_of, save_export, save_tape
+from advpt.models.tape import save_tape
+from advpt.models.weights import CONFIG_FILE, encoder_of
 from advpt.training.consolidate import load_model
 
 Model = MaskedLanguageModel | Encoder

@@ -15,7 +15,7 @@ the test splits are scored with the weights of the best validation score.
 Writes to ``--run_dir``: ``config.json`` (these settings), ``ds_config.json`` (the DeepSpeed
 config after ``--lr``/``--weight_decay``/``--batch_size``), ``metrics.jsonl`` and TensorBoard
 scalars per evaluation, ``model/`` (the best-validation encoder + head as safetensors, unless
-``--save_model false``; load it with ``advpt.models.pretrained.load_task_model``) and, last,
+``--save_model false``; load it with ``advpt.models.finetuned.load_task_model``) and, last,
 ``results.json`` (every split's metrics at the best checkpoint).
 """
 
@@ -52,8 +52,8 @@ from advpt.errors import (  # noqa: E402
     report,
 )
 from advpt.models import ENCODER_PRESETS, Encoder, MaskedLanguageModel  # noqa: E402
+from advpt.models.finetuned import save_task_model  # noqa: E402
 from advpt.models.heads import HeadConfig, TaskModel  # noqa: E402
-from advpt.models.pretrained import save_task_model  # noqa: E402
 from advpt.tasks import (  # noqa: E402
     IGNORE_LABEL,
     PER_RESIDUE,
@@ -69,7 +69,7 @@ from advpt.training.consolidate import load_encoder  # noqa: E402
 from advpt.training.engines import build_engine, current_lr, load_ds_config  # noqa: E402
 from advpt.training.monitor import MetricsWriter  # noqa: E402
 
-MODEL_DIR = "model"  # the best-validation model: advpt.models.pretrained.load_task_model(DIR)
+MODEL_DIR = "model"  # the best-validation model: advpt.models.finetuned.load_task_model(DIR)
 
 
 def head_config(config: FinetuneConfig) -> HeadConfig:

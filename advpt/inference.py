@@ -21,7 +21,7 @@ import torch
 
 from advpt.errors import CheckpointError, ConfigError, OutputError
 from advpt.models.encoder import Encoder, MaskedLanguageModel
-from advpt.models.pretrained import encoder_of
+from advpt.models.weights import encoder_of
 from advpt.training.consolidate import load_model
 
 SPECIAL_TOKENS = 2  # <cls> before a sequence's residues and <eos> (TAPE's <sep>) after them

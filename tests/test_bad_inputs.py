@@ -166,7 +166,7 @@ def test_data_error_in_a_loader_worker_is_raised_as_its_one_sentence(tmp_path):
 
 def _tape_dir(path: Path, weights: bytes) -> Path:
     from advpt.models import ENCODER_PRESETS
-    from advpt.models.pretrained import tape_config
+    from advpt.models.tape import tape_config
 
     path.mkdir()
     (path / "config.json").write_text(json.dumps(tape_config(ENCODER_PRESETS["tiny"])))
@@ -176,7 +176,7 @@ def _tape_dir(path: Path, weights: bytes) -> Path:
 
 def _export_dir(path: Path, damage) -> Path:
     from advpt.models import ENCODER_PRESETS, ProteinEncoder
-    from advpt.models.pretrained import save_export
+    from advpt.models.exports import save_export
 
     save_export(ProteinEncoder(ENCODER_PRESETS["tiny"]), path)
     weights = path / "model.safetensors"
@@ -251,7 +251,7 @@ def _train(tmp_path: Path, *flags: str) -> int:
         (
             ["--encoder", "x" * 10_000],
             "setting 'encoder' must be tape-base | small | tiny | esm2_t6_8M | esm2_t12_35M | "
-            "esm2_t30_150M | esm2_t33_650M | esm2_t36_3B | esm2_tiny, got 'xx",
+            "esm2_t30_150M | esm2_t33_650M | esm2_t36_3B | esm2_tiny or unset, got 'xx",
         ),
     ],
 )

@@ -232,7 +232,7 @@ def test_enum_members_pickled_by_name_load_and_nothing_else_does(tmp_path):
     checkpoint loads, and getattr reaching anything but a member of an allowed Enum is refused."""
     from deepspeed.runtime.zero.config import ZeroStageEnum
 
-    from advpt.models.pretrained import load_weights_only
+    from advpt.safe_load import load_weights_only
 
     member = tmp_path / "member.pt"
     torch.save({"zero_stage": _ByName(ZeroStageEnum, "gradients")}, member)

@@ -206,7 +206,7 @@ def test_a_micro_step_of_each_phase_stays_on_the_device(device: str, case: str):
     device = torch.device(device)
     config = parse_config([*VARIANTS[variant], *flags])
     torch.manual_seed(0)
-    preset = "tiny" if config.model.encoder == "tape-base" else config.model.encoder
+    preset = "tiny" if config.model.encoder in (None, "tape-base") else config.model.encoder
     encoder_cfg = dataclasses.replace(
         ENCODER_PRESETS[preset], activation_checkpointing=config.model.activation_checkpointing
     )

@@ -9,7 +9,7 @@ import torch
 
 from advpt.embed import length_batches, main
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
-from advpt.models.pretrained import save_tape
+from advpt.models.tape import save_tape
 from tests.helpers import save_tiny_esm
 
 transformers = pytest.importorskip("transformers")

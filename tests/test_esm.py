@@ -6,6 +6,7 @@ Every model here is a tiny random one built from a config and saved locally: not
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from advpt.config import ModelConfig
 from advpt.data.collate import MaskingCollator
 from advpt.errors import CheckpointError, ConfigError
 from advpt.masking import adversarial_corrupt, num_scores
@@ -21,7 +23,7 @@ from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.encoder import Esm2Encoder, rows_of
 from advpt.models.hf_esm import load_hf_esm, save_hf_esm
 from advpt.tokenizer import ESM, INVALID_ID, TAPE
-from advpt.training.build import init_from
+from advpt.training.build import encoder_config, init_source
 from tests.helpers import REPO, child_env, save_tiny_esm
 
 transformers = pytest.importorskip("transformers")
@@ -120,8 +122,12 @@ def test_weights_only_bin_and_legacy_layouts_load(hf_model, tmp_path):
     torch.save(
         {"weights": reference.esm.state_dict(), "hook": print}, tmp_path / "pytorch_model.bin"
     )
-    with pytest.raises(CheckpointError, match="cannot read weights"):
+    with pytest.raises(CheckpointError) as refused:
         load_hf_esm(tmp_path)
+    assert str(refused.value) == (
+        f"{tmp_path / 'pytorch_model.bin'} holds more than tensors and plain data (it refers to "
+        "print), so advpt will not unpickle it"
+    )
 
 
 def test_other_esm_models_are_refused(tmp_path):
@@ -234,21 +240,29 @@ def test_masking_draws_only_esm_residues():
     assert torch.equal(sample.ids[~sample.positions], batch.inputs[~sample.positions])
 
 
-def test_init_from_checks_the_preset_and_the_head(hf_model, tmp_path):
+def test_init_from_takes_the_checkpoint_architecture_or_a_matching_preset(hf_model, tmp_path):
     reference, path = hf_model
-    with pytest.raises(ConfigError, match="pass --encoder esm2_tiny"):
-        init_from(MaskedLanguageModel(ENCODER_PRESETS["tiny"]), str(path), "tiny")
-    with pytest.raises(ConfigError, match="no encoder preset has its shape"):
-        save_tiny_esm(tmp_path / "wide", intermediate_size=96)
-        init_from(MaskedLanguageModel(ENCODER_PRESETS["esm2_tiny"]), str(tmp_path / "wide"), "x")
+    source = init_source(str(path))
+    assert torch.equal(source.encoder.token_embedding.weight, reference.lm_head.decoder.weight)
+    # No --encoder: the checkpoint's own settings; a matching --encoder: that preset's.
+    own = encoder_config(ModelConfig(init_from=str(path), activation_checkpointing=1), source)
+    assert own == dataclasses.replace(source.encoder.cfg, activation_checkpointing=1)
+    named = ModelConfig(encoder="esm2_tiny", init_from=str(path))
+    assert encoder_config(named, source) == ENCODER_PRESETS["esm2_tiny"]
+    save_tiny_esm(tmp_path / "wide", intermediate_size=96)
+    wide = ModelConfig(encoder="esm2_tiny", init_from=str(tmp_path / "wide"))
+    with pytest.raises(ConfigError) as refused:
+        encoder_config(wide, init_source(wide.init_from))
+    assert str(refused.value) == (
+        f"--init_from {tmp_path / 'wide'} holds a model with intermediate_size = 96, but "
+        "--encoder esm2_tiny has intermediate_size = 256; leave --encoder out to train the "
+        "checkpoint's own architecture"
+    )
     (tmp_path / "body").mkdir()
     (tmp_path / "body" / "config.json").write_bytes((path / "config.json").read_bytes())
     torch.save(reference.esm.state_dict(), tmp_path / "body" / "pytorch_model.bin")
     with pytest.raises(CheckpointError, match="without an MLM head"):
-        init_from(MaskedLanguageModel(ENCODER_PRESETS["esm2_tiny"]), str(tmp_path / "body"), "x")
-    model = MaskedLanguageModel(ENCODER_PRESETS["esm2_tiny"])
-    init_from(model, str(path), "esm2_tiny")
-    assert torch.equal(model.encoder.token_embedding.weight, reference.lm_head.decoder.weight)
+        init_source(str(tmp_path / "body"))
 
 
 def test_sharded_checkpoint_loads(hf_model, tmp_path):

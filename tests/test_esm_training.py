@@ -15,7 +15,7 @@ from advpt.config import parse_finetune_config
 from advpt.export import main as export_main
 from advpt.finetune import Finetuner
 from advpt.models import MaskedLanguageModel
-from advpt.models.pretrained import load_masked_lm
+from advpt.models.exports import load_masked_lm
 from advpt.tokenizer import ESM
 from advpt.train import main as train_main
 from advpt.training.consolidate import load_model

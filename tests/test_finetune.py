@@ -25,8 +25,8 @@ from advpt.data.tape_tasks import TaskSplit, collate, read_split
 from advpt.errors import DataError
 from advpt.finetune import evaluate, run_finetune
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
+from advpt.models.finetuned import load_task_model
 from advpt.models.heads import HeadConfig, TaskModel, masked_batch_norm
-from advpt.models.pretrained import load_task_model
 from advpt.tasks import (
     IGNORE_LABEL,
     PER_RESIDUE,

@@ -16,7 +16,7 @@ import torch
 from advpt.errors import CheckpointError
 from advpt.export import main as export_main
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, ProteinEncoder
-from advpt.models.pretrained import load_export, save_export
+from advpt.models.exports import load_export, save_export
 from advpt.tokenizer import TAPE
 from advpt.training.consolidate import load_encoder
 from tests.helpers import REPO, launch, pretrain_tiny, tiny_run_args
@@ -95,7 +95,7 @@ NO_DEEPSPEED = """
 import sys
 sys.modules["deepspeed"] = None  # any import of DeepSpeed now fails
 import torch
-from advpt.models.pretrained import load_export
+from advpt.models.exports import load_export
 ids, valid = torch.load(sys.argv[2])
 with torch.no_grad():
     torch.save(load_export(sys.argv[1]).eval()(ids, valid), sys.argv[3])

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
-from advpt.models.pretrained import save_export, save_tape
+from advpt.models.exports import save_export
+from advpt.models.tape import save_tape
 from advpt.score import average_ranks, main, spearman
 from tests.helpers import REPO, child_env, save_tiny_esm
 

@@ -55,6 +55,10 @@ class EncoderConfig:
             raise ValueError(
                 f"encoder family must be one of {', '.join(FAMILY_VOCABULARY)}, got {self.family!r}"
             )
+        for name in _SIZES:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"encoder {name} must be a positive integer, got {value!r}")
 
     @property
     def vocabulary(self) -> Vocabulary:
@@ -68,6 +72,15 @@ class EncoderConfig:
         return {k: v for k, v in settings.items() if k not in _TRAINING_ONLY}
 
 
+# The sizes an EncoderConfig must give as positive integers.
+_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "intermediate_size",
+    "max_positions",
+)
 _TRAINING_ONLY = ("dropout", "attention_dropout", "initializer_range", "activation_checkpointing")
 
 
@@ -94,6 +107,12 @@ ENCODER_PRESETS: dict[str, EncoderConfig] = {
     "esm2_t36_3B": _esm2(36, 2560, 40),
     "esm2_tiny": _esm2(2, 64, 4),
 }
+
+
+def preset_of(cfg: EncoderConfig) -> str | None:
+    """The name of the preset ``cfg`` is (activation checkpointing aside), or None."""
+    plain = dataclasses.replace(cfg, activation_checkpointing=0)
+    return next((name for name, preset in ENCODER_PRESETS.items() if preset == plain), None)
 
 
 class Rows(NamedTuple):

@@ -20,19 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from advpt.errors import CheckpointError
+from advpt.models.bert_layout import BERT_CONFIG, layers_from_bert, layers_to_bert
 from advpt.models.encoder import EncoderConfig, Esm2Encoder, MaskedLanguageModel, RotaryEmbedding
-from advpt.models.pretrained import (
-    BERT_CONFIG,
-    CONFIG_FILE,
-    State,
-    layers_from_bert,
-    layers_to_bert,
-    load_into,
-    read_json,
-)
+from advpt.models.weights import CONFIG_FILE, load_into
+from advpt.safe_load import State, file_inside, load_safetensors, load_state_dict, read_json
 from advpt.tokenizer import ESM
 
 SAFETENSORS, BIN = "model.safetensors", "pytorch_model.bin"
@@ -78,7 +72,7 @@ def is_hf_esm_dir(root: Path) -> bool:
     """Whether ``root`` holds a ``transformers`` ESM model (``config.json`` of model_type esm)."""
     try:
         config = json.loads((root / CONFIG_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):  # ValueError: bad JSON or bad UTF-8
         return False
     return isinstance(config, dict) and config.get("model_type") == "esm"
 
@@ -95,7 +89,10 @@ def encoder_config(config: dict[str, Any], source: Path) -> EncoderConfig:
     if missing:
         raise CheckpointError(f"{source} has no {missing[0]!r} setting")
     values = {key: config[hf_key] for key, hf_key in _CONFIG.items()}
-    return EncoderConfig(**values, family="esm2")
+    try:
+        return EncoderConfig(**values, family="esm2")
+    except ValueError as err:
+        raise CheckpointError(f"{source}: {err}") from None
 
 
 def hf_config(cfg: EncoderConfig) -> dict[str, Any]:
@@ -105,35 +102,21 @@ def hf_config(cfg: EncoderConfig) -> dict[str, Any]:
 
 
 def _read_weights(root: Path) -> State:
-    """Every tensor of ``root``'s weights, whichever of transformers' layouts it uses."""
-    for name, read in ((SAFETENSORS, _read_safetensors), (BIN, _read_bin)):
+    """Every tensor of ``root``'s weights, whichever of transformers' layouts it uses.
+
+    Only files inside ``root`` are read: a shard index naming any other is refused.
+    """
+    for name, read in ((SAFETENSORS, load_safetensors), (BIN, load_state_dict)):
         index = root / f"{name}.index.json"
         if index.is_file():
-            try:
-                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            except (OSError, json.JSONDecodeError, KeyError, AttributeError) as err:
-                raise CheckpointError(f"cannot read the shard index {index}: {err}") from None
-            return {k: v for shard in shards for k, v in read(root / shard).items()}
+            weight_map = read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise CheckpointError(f"shard index {index} has no weight_map of tensor names")
+            shards = sorted({file_inside(root, shard, index) for shard in weight_map.values()})
+            return {k: v for shard in shards for k, v in read(shard).items()}
         if (root / name).is_file():
-            return read(root / name)
+            return read(file_inside(root, name, root))
     raise CheckpointError(f"{root} has no {SAFETENSORS} or {BIN} (nor a sharded index of them)")
-
-
-def _read_safetensors(path: Path) -> State:
-    try:
-        return load_file(str(path))
-    except Exception as err:
-        raise CheckpointError(f"cannot read weights {path}: {err}") from None
-
-
-def _read_bin(path: Path) -> State:
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise CheckpointError(f"cannot read weights {path}: {err}") from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a state dict")
-    return state
 
 
 def _canonical_names(hf: State) -> State:
@@ -170,10 +153,11 @@ def _advpt_state(
         name: get(hf_name) for name, hf_name in _EMBEDDINGS.items() if name != "rotary.inv_freq"
     }
     # Weights without stored frequencies get them computed, as transformers does then.
-    head_size = cfg.hidden_size // cfg.num_heads
-    computed = RotaryEmbedding(head_size, rope_theta).inv_freq
-    encoder["rotary.inv_freq"] = hf.get(_EMBEDDINGS["rotary.inv_freq"], computed)
-    encoder |= layers_from_bert(get, "esm.encoder.layer.", _LAYER, cfg.num_layers)
+    stored = hf.get(_EMBEDDINGS["rotary.inv_freq"])
+    if stored is None:
+        stored = RotaryEmbedding(cfg.hidden_size // cfg.num_heads, rope_theta).inv_freq
+    encoder["rotary.inv_freq"] = stored
+    encoder |= layers_from_bert(get, "esm.encoder.layer.", _LAYER, cfg.num_layers, source)
     if not any(name.startswith("lm_head.") for name in hf):
         return encoder, None
     head = {name: get(hf_name) for name, hf_name in _HEAD.items()}
@@ -192,18 +176,17 @@ def load_hf_esm(hf_dir: str | Path) -> MaskedLanguageModel | Esm2Encoder:
     ``EsmModel`` weights (no LM head).
     """
     root = Path(hf_dir)
-    config = read_json(root / CONFIG_FILE)
-    cfg = encoder_config(config, root / CONFIG_FILE)
+    config_file = root / CONFIG_FILE
+    config = read_json(config_file)
+    cfg = encoder_config(config, config_file)
     hf = _canonical_names(_read_weights(root))
     encoder_state, head_state = _advpt_state(hf, cfg, config.get("rope_theta", 10000.0), root)
     if head_state is None:
-        module, state = Esm2Encoder(cfg), encoder_state
-    else:
-        module = MaskedLanguageModel(cfg)
-        state = {f"encoder.{k}": v for k, v in encoder_state.items()}
-        state |= {f"head.{k}": v for k, v in head_state.items()}
-        state["head.token_embedding.weight"] = encoder_state["token_embedding.weight"]
-    return load_into(module, state, root)
+        return load_into(lambda: Esm2Encoder(cfg), encoder_state, root, config_file)
+    state = {f"encoder.{k}": v for k, v in encoder_state.items()}
+    state |= {f"head.{k}": v for k, v in head_state.items()}
+    state["head.token_embedding.weight"] = encoder_state["token_embedding.weight"]
+    return load_into(lambda: MaskedLanguageModel(cfg), state, root, config_file)
 
 
 def hf_state(model: MaskedLanguageModel) -> State:

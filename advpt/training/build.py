@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
-from advpt.config import DataConfig, TrainConfig
+from advpt.config import DataConfig, ModelConfig, TrainConfig
 from advpt.data.batching import LengthBucketedBatches
 from advpt.data.cache import locate, on_one_rank
 from advpt.data.clusters import ClusterIndex, ClusterSource
@@ -27,7 +27,8 @@ from advpt.data.prepared import ProteinDataset
 from advpt.data.sampling import sample, split
 from advpt.data.stream import MicroBatches, ValidationBatches
 from advpt.errors import CheckpointError, ConfigError
-from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
+from advpt.models import ENCODER_PRESETS, EncoderConfig, MaskedLanguageModel, build_noiser
+from advpt.tokenizer import Vocabulary
 from advpt.training.consolidate import load_model
 from advpt.training.engines import build_engine, load_ds_config
 from advpt.training.preemption import StopSignals
@@ -116,8 +117,10 @@ def build_trainer(
                 " must set the same train_micro_batch_size_per_gpu (both engines see one batch)"
             )
 
-    stream, validation = build_data(config, micro_batch, rank, world)
-    encoder, noiser = build_engines(config, encoder_ds, noiser_ds)
+    source = init_source(config.model.init_from) if config.model.init_from else None
+    encoder_cfg = encoder_config(config.model, source)
+    stream, validation = build_data(config, micro_batch, rank, world, encoder_cfg.vocabulary)
+    encoder, noiser = build_engines(config, encoder_ds, noiser_ds, encoder_cfg, source)
     return Trainer(config, encoder, noiser, stream, validation, device, stop_signals)
 
 
@@ -135,11 +138,12 @@ def open_data(d: DataConfig) -> tuple[ProteinDataset, ClusterIndex | None]:
 
 
 def build_data(
-    config: TrainConfig, micro_batch: int, rank: int, world: int
+    config: TrainConfig, micro_batch: int, rank: int, world: int, vocab: Vocabulary | None = None
 ) -> tuple[MicroBatches, ValidationBatches]:
-    """This rank's training stream and its share of the fixed validation sample."""
+    """This rank's training stream and its share of the fixed validation sample, in ``vocab``'s
+    ids (the encoder's; default: those of the run's encoder preset)."""
     d, seed = config.dataset, config.run.seed
-    vocab = ENCODER_PRESETS[config.model.encoder].vocabulary  # the encoder decides the ids
+    vocab = vocab or encoder_config(config.model).vocabulary
     dataset, clusters = open_data(d)
     train, held_out = split(len(dataset), clusters, d.val_fraction, seed, d.sample_by)
     random_rate, adversarial_rate = config.masking_rates()
@@ -157,18 +161,19 @@ def build_data(
 
 
 def build_engines(
-    config: TrainConfig, encoder_ds: dict[str, Any], noiser_ds: dict[str, Any] | None
+    config: TrainConfig,
+    encoder_ds: dict[str, Any],
+    noiser_ds: dict[str, Any] | None,
+    encoder_cfg: EncoderConfig,
+    source: MaskedLanguageModel | None = None,
 ) -> tuple[deepspeed.DeepSpeedEngine, deepspeed.DeepSpeedEngine | None]:
-    """The encoder's engine and (adversarial runs) the noiser's, seeded by ``config``."""
+    """The encoder's engine (``encoder_cfg``, holding ``source``'s weights when given) and, in
+    adversarial runs, the noiser's, seeded by ``config``."""
     torch.manual_seed(config.run.seed)
     s, method = config.optim, config.method
-    encoder_cfg = dataclasses.replace(
-        ENCODER_PRESETS[config.model.encoder],
-        activation_checkpointing=config.model.activation_checkpointing,
-    )
     model = MaskedLanguageModel(encoder_cfg)
-    if config.model.init_from:
-        init_from(model, config.model.init_from, config.model.encoder)
+    if source is not None:
+        model.load_state_dict(source.state_dict())
     encoder = build_engine(model, encoder_ds, s.warmup_steps, s.max_steps, s.min_lr_ratio)
     noiser = None
     if config.adversarial:
@@ -194,27 +199,40 @@ def build_engines(
     return encoder, noiser
 
 
-def init_from(model: MaskedLanguageModel, path: str, preset: str) -> None:
-    """Load the masked LM saved in ``path`` (any ``load_model`` directory) into ``model``, built
-    from encoder preset ``preset``: continued pre-training.
+DEFAULT_ENCODER = "tape-base"  # the encoder preset of a run that names none and has no --init_from
 
-    The preset must describe the saved model's architecture (the run's ``config.json`` names the
-    preset, which is how the run's checkpoints are read back); its training settings (dropout)
-    are the run's.
-    """
+
+def init_source(path: str) -> MaskedLanguageModel:
+    """The masked LM saved in ``path`` (any ``load_model`` directory): continued pre-training
+    starts from it."""
     source = load_model(path)
     if not isinstance(source, MaskedLanguageModel):
         raise CheckpointError(
             f"--init_from {path} holds an encoder without an MLM head; masked-LM pre-training "
             "starts from a masked LM (such as transformers' EsmForMaskedLM)"
         )
-    theirs, ours = source.encoder.cfg.architecture(), model.encoder.cfg.architecture()
-    if theirs != ours:
-        key = next(k for k in ours if theirs[k] != ours[k])
-        match = [name for name, cfg in ENCODER_PRESETS.items() if cfg.architecture() == theirs]
-        hint = f"; pass --encoder {match[0]}" if match else "; no encoder preset has its shape"
-        raise ConfigError(
-            f"--init_from {path} holds a model with {key} = {theirs[key]!r}, not "
-            f"{ours[key]!r} as encoder preset {preset!r} has{hint}"
-        )
-    model.load_state_dict(source.state_dict())
+    return source
+
+
+def encoder_config(m: ModelConfig, source: MaskedLanguageModel | None = None) -> EncoderConfig:
+    """The run's encoder: ``--encoder``'s preset or, unset, the architecture and settings of
+    ``source`` (the ``--init_from`` model, loaded) or else of :data:`DEFAULT_ENCODER`;
+    activation checkpointing is the run's.
+
+    An ``--encoder`` whose architecture is not ``source``'s is refused, naming both; its
+    training settings (dropout) are the run's.
+    """
+    if m.encoder is None and source is not None:
+        cfg = source.encoder.cfg
+    else:
+        cfg = ENCODER_PRESETS[m.encoder or DEFAULT_ENCODER]
+    if source is not None:
+        theirs, ours = source.encoder.cfg.architecture(), cfg.architecture()
+        if theirs != ours:
+            key = next(k for k in ours if theirs[k] != ours[k])
+            raise ConfigError(
+                f"--init_from {m.init_from} holds a model with {key} = {theirs[key]!r}, but "
+                f"--encoder {m.encoder} has {key} = {ours[key]!r}; leave --encoder out to train "
+                "the checkpoint's own architecture"
+            )
+    return dataclasses.replace(cfg, activation_checkpointing=m.activation_checkpointing)

@@ -48,7 +48,7 @@ from deepspeed.runtime.zero.config import ZeroStageEnum
 from deepspeed.utils.tensor_fragment import fragment_address
 
 from advpt.errors import CheckpointError, first_line, shorten
-from advpt.models.pretrained import load_weights_only
+from advpt.safe_load import load_weights_only
 from advpt.training import ranks
 
 logger = logging.getLogger(__name__)

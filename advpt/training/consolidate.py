@@ -10,8 +10,8 @@
   ``training/``);
 * a Hugging Face ESM-2 directory (``EsmForMaskedLM`` or ``EsmModel``), read by
   ``advpt.models.hf_esm``;
-* an advpt export or a TAPE ``save_pretrained`` directory, read by ``advpt.models.pretrained``
-  with torch and safetensors alone.
+* an advpt export or a TAPE ``save_pretrained`` directory, read by ``advpt.models.exports``
+  and ``advpt.models.tape`` with torch and safetensors alone.
 """
 
 from __future__ import annotations
@@ -23,20 +23,13 @@ import torch
 from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
 from advpt.errors import CheckpointError
-from advpt.models.encoder import ENCODER_PRESETS, Encoder, MaskedLanguageModel
+from advpt.models.encoder import ENCODER_PRESETS, Encoder, EncoderConfig, MaskedLanguageModel
+from advpt.models.exports import read_export
 from advpt.models.hf_esm import is_hf_esm_dir, load_hf_esm
-from advpt.models.pretrained import (
-    CONFIG_FILE,
-    EXPORT_WEIGHTS,
-    TAPE_WEIGHTS,
-    State,
-    encoder_of,
-    load_into,
-    load_tape,
-    read_export,
-    read_json,
-)
-from advpt.training.checkpoint import complete_latest, verify_weights_only
+from advpt.models.tape import TAPE_WEIGHTS, load_tape
+from advpt.models.weights import CONFIG_FILE, EXPORT_WEIGHTS, encoder_of, load_into
+from advpt.safe_load import State, check_finite, read_json
+from advpt.training.checkpoint import MANIFEST, complete_latest, verify_weights_only
 from advpt.training.engines import parameter_groups
 
 
@@ -68,26 +61,47 @@ def load_encoder(path: str | Path) -> Encoder:
 
 def _from_run_dir(run_dir: Path) -> MaskedLanguageModel:
     """The newest complete checkpoint of a pre-training run, as a fp32 masked LM."""
-    preset = read_json(run_dir / CONFIG_FILE).get("model", {}).get("encoder")
-    if preset not in ENCODER_PRESETS:
-        raise CheckpointError(
-            f"{run_dir / CONFIG_FILE} names encoder preset {preset!r}, which is not one of "
-            f"{', '.join(ENCODER_PRESETS)}"
-        )
-    tag = complete_latest(run_dir / "checkpoints")
-    model = MaskedLanguageModel(ENCODER_PRESETS[preset])
-    state = _consolidated(run_dir / "checkpoints" / "encoder", tag, model)
-    source = run_dir / "checkpoints" / "encoder" / tag
+    checkpoints = run_dir / "checkpoints"
+    tag = complete_latest(checkpoints)
+    cfg = _run_encoder(run_dir, tag)
+    with torch.device("meta"):  # the parameters' names and sizes, no memory
+        shapes = MaskedLanguageModel(cfg)
+    state = _consolidated(checkpoints / "encoder", tag, shapes)
+    source = checkpoints / "encoder" / tag
     # The decoder is the token embedding: one tensor under two names, of which a mixed-precision
     # ZeRO-0 checkpoint has the fp32 master under the encoder's only.
     if "encoder.token_embedding.weight" not in state:
         raise CheckpointError(f"{source} has no encoder.token_embedding.weight")
     state["head.token_embedding.weight"] = state["encoder.token_embedding.weight"]
-    return load_into(model, state, source)
+    state = check_finite(state, source)
+    return load_into(lambda: MaskedLanguageModel(cfg), state, source, run_dir / CONFIG_FILE)
+
+
+def _run_encoder(run_dir: Path, tag: str) -> EncoderConfig:
+    """The encoder a run trained: the preset its ``config.json`` names or, for one whose
+    architecture came from ``--init_from`` (no preset named), the one its checkpoint records."""
+    model = read_json(run_dir / CONFIG_FILE).get("model")
+    preset = model.get("encoder") if isinstance(model, dict) else None
+    if preset is None:
+        manifest = run_dir / "checkpoints" / MANIFEST / f"{tag}.json"
+        architecture = read_json(manifest).get("architecture")
+        preset = architecture.get("encoder") if isinstance(architecture, dict) else None
+        if isinstance(preset, dict):
+            try:
+                return EncoderConfig(**preset)
+            except (TypeError, ValueError) as err:
+                raise CheckpointError(f"{manifest}: bad encoder architecture ({err})") from None
+    if preset not in ENCODER_PRESETS:
+        raise CheckpointError(
+            f"{run_dir / CONFIG_FILE} names encoder preset {preset!r}, which is not one of "
+            f"{', '.join(ENCODER_PRESETS)}"
+        )
+    return ENCODER_PRESETS[preset]
 
 
 def _consolidated(engine_dir: Path, tag: str, model: MaskedLanguageModel) -> State:
-    """fp32 weights of the ``MaskedLanguageModel`` checkpoint ``engine_dir/tag``.
+    """fp32 weights of the ``MaskedLanguageModel`` checkpoint ``engine_dir/tag`` (``model``, on
+    any device, gives the parameters' names and sizes).
 
     ZeRO 1-3 shard fp32 master weights into ``*zero_pp_rank_*_optim_states.pt`` files, which
     DeepSpeed's ``zero_to_fp32`` consolidates whatever the number of ranks. ZeRO 0 keeps the

@@ -46,7 +46,7 @@ from advpt.config import TrainConfig
 from advpt.data.collate import Batch
 from advpt.data.stream import MicroBatches, ValidationBatches, stream_loader
 from advpt.errors import CheckpointError, cannot_write
-from advpt.models.encoder import MLMOutput
+from advpt.models.encoder import MLMOutput, preset_of
 from advpt.training import checkpoint
 from advpt.training.engines import current_lr
 from advpt.training.monitor import MetricsAccumulator, MetricsWriter, check_collapse
@@ -402,9 +402,11 @@ class Trainer:
 
     def architecture(self) -> dict[str, Any]:
         """The model settings a checkpoint is only resumed with (activation checkpointing may
-        change between runs: it changes no weight)."""
+        change between runs: it changes no weight): the encoder preset, or the architecture of
+        one taken from ``--init_from`` that is no preset."""
         m = self.config.model
-        settings = {"encoder": m.encoder}
+        cfg = self.encoder.module.encoder.cfg
+        settings = {"encoder": m.encoder or preset_of(cfg) or cfg.architecture()}
         if self.noiser is not None:
             settings.update(noiser=m.noiser, noiser_arch=m.noiser_arch,
                             noiser_bidirectional=m.noiser_bidirectional,
