@@ -18,7 +18,7 @@ from advpt.data.collate import MaskingCollator
 from advpt.errors import CheckpointError, ConfigError
 from advpt.masking import adversarial_corrupt, num_scores
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
-from advpt.models.encoder import Esm2Encoder, rows_of
+from advpt.models.encoder import Esm2Encoder
 from advpt.models.hf_esm import load_hf_esm, save_hf_esm
 from advpt.tokenizer import ESM, INVALID_ID, TAPE
 from advpt.training.build import init_from
@@ -187,26 +187,6 @@ def test_gradients_equal_transformers(hf_model):
     ]
     for param, expected in pairs:
         _assert_relative(param.grad, expected, rel=1e-4)
-
-
-def test_masked_rows_give_the_full_forward_states():
-    """The last layer run at the masked rows only (queries laid out per row, with unused
-    slots) gives the states the full forward has there: ids and one-hot input, a row with no
-    masked position, and the most per row given by the caller or counted."""
-    model = MaskedLanguageModel(ENCODER_PRESETS["esm2_tiny"]).eval()
-    ids, valid, masked, inputs = _batch()
-    masked[1] = False
-    one_hot = F.one_hot(inputs, ESM.size).float()
-    count, most = int(masked.sum()), int(masked.sum(1).max())
-    rows = rows_of(masked, count, most)
-    assert rows.slot.tolist() == [s for row in masked.sum(1).tolist() for s in range(row)]
-    for tokens in (inputs, one_hot):
-        full = model.encoder(tokens, valid).flatten(0, 1)[masked.flatten()]
-        _assert_relative(model.encoder(tokens, valid, rows=rows), full)
-        for given in (most, None):
-            out = model(tokens, valid, ids, masked, count, max_per_row=given)
-            expected = F.cross_entropy(model.head(full), ids[masked], reduction="none")
-            _assert_relative(out.token_loss, expected)
 
 
 def test_masking_draws_only_esm_residues():
