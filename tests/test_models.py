@@ -1,4 +1,7 @@
 import dataclasses
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -8,6 +11,7 @@ from advpt.masking import num_scores
 from advpt.models import ENCODER_PRESETS, NOISER_PRESETS, GRUNoiser, MaskedLanguageModel
 from advpt.models.encoder import rows_of
 from advpt.tokenizer import TAPE, Vocabulary
+from tests.helpers import REPO, child_env
 
 
 def _ids(
@@ -166,3 +170,18 @@ def test_context_only_noiser_cannot_see_the_residue_it_scores(bidirectional):
         assert (moved[1] == 0).all()  # the other row
     short = noiser(ids[1:, :6], lengths[1:])  # padding still changes nothing
     torch.testing.assert_close(noiser(ids, lengths)[1:, :6], short, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("preset", "package"), [("tiny", "tape"), ("esm2_tiny", "transformers")])
+def test_speed_benchmark_compares_equal_models(tmp_path, preset, package):
+    """scripts/bench_esm.py at a tiny size, against TAPE's and against transformers' model: both
+    models agree on the loss before training (the script stops otherwise) and the figures it
+    writes are there."""
+    pytest.importorskip(package)
+    out = tmp_path / "bench.json"
+    command = [sys.executable, "scripts/bench_esm.py", "--preset", preset, "--batch", "2"]
+    command += ["--length", "24", "--steps", "1", "--rounds", "2", "--warmup", "0"]
+    subprocess.run([*command, "--json", str(out)], cwd=REPO, env=child_env(), check=True)
+    result = json.loads(out.read_text())
+    assert result["preset"] == preset and result["reference"] == package
+    assert len(result["all_ms_per_step"]["advpt"]) == 2 and result["speedup"] > 0
