@@ -482,8 +482,8 @@ class MaskedLanguageModel(nn.Module):
     """Encoder + MLM head; the loss is computed at masked positions only.
 
     Logits are never materialised at unmasked positions: the encoder's last layer runs its
-    queries, attention, feed-forward block and the head at the ``N`` masked positions only, so
-    the head costs ``N x H x V`` instead of ``B x L x H x V``.
+    queries, attention and feed-forward block at the ``N`` masked positions only, and so does
+    the head, which costs ``N x H x V`` instead of ``B x L x H x V``.
     """
 
     def __init__(self, cfg: EncoderConfig):
