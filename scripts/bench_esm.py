@@ -1,18 +1,23 @@
-"""advpt's ESM-2 training step against transformers' ``EsmForMaskedLM``, side by side.
+"""advpt's masked-LM training step against its family's reference implementation, side by side.
 
     python scripts/bench_esm.py --preset esm2_t6_8M --batch 8 --length 256          # CPU
     python scripts/bench_esm.py --preset esm2_t33_650M --batch 32 --length 512 --dtype bf16
+    python scripts/bench_esm.py --preset small --batch 8 --length 256               # TAPE
 
-Both models get the same weights (advpt's, copied into ``transformers``' layout), the same batch
-(``--batch`` unpadded sequences of ``--length`` tokens: ``<cls>``, random residues, ``<eos>``;
-``--masking_rate`` of the residues replaced by ``<mask>``) and the same optimizer (``torch``
-AdamW, lr 1e-4, weight decay 0.01). One training step is forward, MLM loss, backward and an
-optimizer step. advpt computes the MLM head at the masked positions only; ``transformers``
-computes logits everywhere and ignores the unmasked labels. The first step's losses are printed
-for both (they must agree, or the comparison is void), then the two models take turns: each round
-times ``--steps`` steps of one, then of the other, so that load from other processes hits both
-alike; the reported time is the median over ``--rounds`` rounds. ``--dtype bf16`` runs both under
-``torch.autocast``. The device is CUDA when available (``--device`` overrides), unchanged code.
+The reference is ``transformers``' ``EsmForMaskedLM`` for an ESM-2 preset, TAPE's own
+``ProteinBertForMaskedLM`` (the ``tape-proteins`` package) for a TAPE one. Both models get the
+same weights (advpt's, copied into the reference's layout), the same batch (``--batch`` unpadded
+sequences of ``--length`` tokens: ``<cls>``, random residues, ``<eos>``; ``--masking_rate`` of
+the residues replaced by ``<mask>``) and the same optimizer (``torch`` AdamW, lr 1e-4, weight
+decay 0.01). One training step is forward, MLM loss, backward and an optimizer step, in training
+mode (with the preset's dropout). advpt computes its last layer's queries, attention,
+feed-forward block and the MLM head at the masked positions only; the references compute logits
+everywhere and ignore the unmasked labels. Before timing, both models' losses on the batch with
+dropout off are printed (they must agree, or the comparison is void); then the two models take
+turns: each round times ``--steps`` steps of one, then of the other, so that load from other
+processes hits both alike; the reported time is the median over ``--rounds`` rounds.
+``--dtype bf16`` runs both under ``torch.autocast``. The device is CUDA when available
+(``--device`` overrides), unchanged code.
 """
 
 from __future__ import annotations
@@ -21,27 +26,33 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
+import torch.nn as nn
 
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.hf_esm import hf_config, hf_state
-from advpt.tokenizer import ESM
+from advpt.models.tape import save_tape
+from advpt.tokenizer import Vocabulary
 
 STANDARD = "ACDEFGHIKLMNPQRSTVWY"  # residues of the random sequences
 
 
-def make_batch(batch: int, length: int, rate: float, device: torch.device, seed: int = 0):
-    """ESM ids ``[B, L]`` (unpadded), their corrupted copy, and the masked positions."""
+def make_batch(
+    vocab: Vocabulary, batch: int, length: int, rate: float, device: torch.device, seed: int = 0
+):
+    """Ids ``[B, L]`` (unpadded), their corrupted copy, and the masked positions."""
     g = torch.Generator().manual_seed(seed)
-    letters = torch.tensor([int(ESM.byte_to_id[ord(c)]) for c in STANDARD])
+    letters = torch.tensor([int(vocab.byte_to_id[ord(c)]) for c in STANDARD])
     ids = letters[torch.randint(len(STANDARD), (batch, length), generator=g)]
-    ids[:, 0], ids[:, -1] = ESM.cls_id, ESM.eos_id
-    masked = ESM.is_residue(ids) & (torch.rand(ids.shape, generator=g) < rate)
-    inputs = torch.where(masked, torch.full_like(ids, ESM.mask_id), ids)
+    ids[:, 0], ids[:, -1] = vocab.cls_id, vocab.eos_id
+    masked = vocab.is_residue(ids) & (torch.rand(ids.shape, generator=g) < rate)
+    inputs = torch.where(masked, torch.full_like(ids, vocab.mask_id), ids)
     return ids.to(device), inputs.to(device), masked.to(device)
 
 
@@ -50,22 +61,74 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def build(preset: str, device: torch.device, lr: float = 1e-4):
-    """advpt's model and transformers' with equal weights, each with its own AdamW."""
+def esm_reference(ours: MaskedLanguageModel) -> nn.Module:
+    """``transformers``' ``EsmForMaskedLM`` with ``ours``' weights."""
     from transformers import EsmConfig, EsmForMaskedLM
 
-    torch.manual_seed(0)
-    cfg = ENCODER_PRESETS[preset]
-    if cfg.family != "esm2":
-        raise SystemExit(f"--preset must be an ESM-2 preset, not {preset!r}")
-    ours = MaskedLanguageModel(cfg)
+    cfg = ours.encoder.cfg
     reference = EsmForMaskedLM(EsmConfig(**hf_config(cfg), attn_implementation="sdpa"))
     missing, unexpected = reference.load_state_dict(hf_state(ours), strict=False)
     # The contact head is not part of a training step; the decoder is tied to the embeddings.
     decoder = reference.lm_head.decoder.weight
     assert decoder is reference.esm.embeddings.word_embeddings.weight
     assert not unexpected and all("contact_head" in n or "decoder" in n for n in missing), missing
-    models = {"advpt": ours.to(device).train(), "transformers": reference.to(device).train()}
+    return reference
+
+
+def tape_reference(ours: MaskedLanguageModel) -> nn.Module:
+    """TAPE's ``ProteinBertForMaskedLM`` with ``ours``' weights: the encoder through advpt's
+    TAPE export and TAPE's own ``from_pretrained``, the MLM head copied."""
+    from tape import ProteinBertForMaskedLM
+
+    with tempfile.TemporaryDirectory() as directory:
+        save_tape(ours.encoder, Path(directory))
+        reference = ProteinBertForMaskedLM.from_pretrained(directory)
+    head, theirs = ours.head, reference.mlm
+    with torch.no_grad():
+        for mine, tape_param in (
+            (head.dense.weight, theirs.transform.dense.weight),
+            (head.dense.bias, theirs.transform.dense.bias),
+            (head.norm.weight, theirs.transform.LayerNorm.weight),
+            (head.norm.bias, theirs.transform.LayerNorm.bias),
+            (head.bias, theirs.bias),
+        ):
+            tape_param.copy_(mine)
+    assert theirs.decoder.weight is reference.bert.embeddings.word_embeddings.weight  # tied
+    return reference
+
+
+class Reference(NamedTuple):
+    """The implementation advpt's step is compared with: its name, how it is built with advpt's
+    weights, and its MLM loss of ``(model, inputs, valid, ids, masked)``."""
+
+    name: str
+    build: Callable[[MaskedLanguageModel], nn.Module]
+    loss: Callable[..., torch.Tensor]
+
+
+def _esm_loss(model, inputs, valid, ids, masked) -> torch.Tensor:
+    labels = torch.where(masked, ids, torch.full_like(ids, -100))
+    return model(input_ids=inputs, attention_mask=valid.long(), labels=labels).loss
+
+
+def _tape_loss(model, inputs, valid, ids, masked) -> torch.Tensor:
+    targets = torch.where(masked, ids, torch.full_like(ids, -1))  # TAPE ignores -1
+    (loss, _metrics), *_ = model(inputs, input_mask=valid.long(), targets=targets)
+    return loss
+
+
+REFERENCES = {
+    "esm2": Reference("transformers", esm_reference, _esm_loss),
+    "tape": Reference("tape", tape_reference, _tape_loss),
+}
+
+
+def build(preset: str, device: torch.device, lr: float = 1e-4):
+    """advpt's model and the reference with equal weights, each with its own AdamW."""
+    torch.manual_seed(0)
+    ours = MaskedLanguageModel(ENCODER_PRESETS[preset])
+    reference = REFERENCES[ours.encoder.cfg.family]
+    models = {"advpt": ours.to(device), reference.name: reference.build(ours).to(device)}
     optimizers = {
         name: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
         for name, model in models.items()
@@ -73,23 +136,27 @@ def build(preset: str, device: torch.device, lr: float = 1e-4):
     return models, optimizers
 
 
-def steps(models, optimizers, batch, dtype: torch.dtype, device: torch.device):
-    """One training-step function per model, each returning its (detached) loss."""
+def losses(models, batch) -> dict[str, Callable[[], torch.Tensor]]:
+    """One function per model computing its MLM loss on ``batch``."""
     ids, inputs, masked = batch
     valid = torch.ones_like(ids, dtype=torch.bool)
-    attention_mask = valid.long()
-    labels = torch.where(masked, ids, torch.full_like(ids, -100))
     num_masked = int(masked.sum())
+    (name, model), (reference_name, reference) = models.items()
+    reference_loss = REFERENCES[model.encoder.cfg.family].loss
+    return {
+        name: lambda: model(inputs, valid, ids, masked, num_masked, has_padding=False).loss,
+        reference_name: lambda: reference_loss(reference, inputs, valid, ids, masked),
+    }
 
-    def loss_of(name: str) -> torch.Tensor:
-        if name == "advpt":
-            return models[name](inputs, valid, ids, masked, num_masked, has_padding=False).loss
-        return models[name](input_ids=inputs, attention_mask=attention_mask, labels=labels).loss
+
+def steps(models, optimizers, batch, dtype: torch.dtype, device: torch.device):
+    """One training-step function per model, each returning its (detached) loss."""
+    loss_of = losses(models, batch)
 
     def make(name: str) -> Callable[[], torch.Tensor]:
         def step() -> torch.Tensor:
             with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-                loss = loss_of(name)
+                loss = loss_of[name]()
             loss.backward()
             optimizers[name].step()
             optimizers[name].zero_grad(set_to_none=True)
@@ -98,6 +165,17 @@ def steps(models, optimizers, batch, dtype: torch.dtype, device: torch.device):
         return step
 
     return {name: make(name) for name in models}
+
+
+def agreement(models, batch, dtype: torch.dtype, device: torch.device) -> dict[str, float]:
+    """Each model's loss on ``batch`` with dropout off and no update."""
+    for model in models.values():
+        model.eval()
+    with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+        result = {name: float(loss()) for name, loss in losses(models, batch).items()}
+    for model in models.values():
+        model.train()
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,15 +203,18 @@ def main(argv: list[str] | None = None) -> int:
     clock = time.process_time if args.clock == "process" else time.perf_counter
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     models, optimizers = build(args.preset, device)
-    batch = make_batch(args.batch, args.length, args.masking_rate, device)
+    reference = REFERENCES[ENCODER_PRESETS[args.preset].family].name
+    vocab = ENCODER_PRESETS[args.preset].vocabulary
+    batch = make_batch(vocab, args.batch, args.length, args.masking_rate, device)
     step = steps(models, optimizers, batch, dtype, device)
 
-    first = {name: float(fn()) for name, fn in step.items()}
+    first = agreement(models, batch, dtype, device)
     print(
-        f"first-step MLM loss: advpt {first['advpt']:.6f}, transformers {first['transformers']:.6f}"
+        f"MLM loss before training, dropout off: advpt {first['advpt']:.6f}, "
+        f"{reference} {first[reference]:.6f}"
     )
     tolerance = 1e-4 if dtype == torch.float32 else 2e-2
-    if abs(first["advpt"] - first["transformers"]) > tolerance * abs(first["transformers"]):
+    if abs(first["advpt"] - first[reference]) > tolerance * abs(first[reference]):
         raise SystemExit("the two models disagree: the comparison would be void")
     for fn in step.values():
         for _ in range(args.warmup):
@@ -164,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         "ms_per_step": median, "all_ms_per_step": times,
         "tokens_per_s": {name: tokens / (ms / 1e3) for name, ms in median.items()},
         "peak_mem_gb": peak or None,
-        "speedup": median["transformers"] / median["advpt"],
+        "reference": reference, "speedup": median[reference] / median["advpt"],
     }  # fmt: skip
     print(
         f"{args.preset}, batch {args.batch} x {args.length} tokens, masking {args.masking_rate}, "

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import subprocess
 import sys
 
@@ -20,7 +19,7 @@ from advpt.data.collate import MaskingCollator
 from advpt.errors import CheckpointError, ConfigError
 from advpt.masking import adversarial_corrupt, num_scores
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
-from advpt.models.encoder import Esm2Encoder, rows_of
+from advpt.models.encoder import Esm2Encoder
 from advpt.models.hf_esm import load_hf_esm, save_hf_esm
 from advpt.tokenizer import ESM, INVALID_ID, TAPE
 from advpt.training.build import encoder_config, init_source
@@ -195,26 +194,6 @@ def test_gradients_equal_transformers(hf_model):
         _assert_relative(param.grad, expected, rel=1e-4)
 
 
-def test_masked_rows_give_the_full_forward_states():
-    """The last layer run at the masked rows only (queries laid out per row, with unused
-    slots) gives the states the full forward has there: ids and one-hot input, a row with no
-    masked position, and the most per row given by the caller or counted."""
-    model = MaskedLanguageModel(ENCODER_PRESETS["esm2_tiny"]).eval()
-    ids, valid, masked, inputs = _batch()
-    masked[1] = False
-    one_hot = F.one_hot(inputs, ESM.size).float()
-    count, most = int(masked.sum()), int(masked.sum(1).max())
-    rows = rows_of(masked, count, most)
-    assert rows.slot.tolist() == [s for row in masked.sum(1).tolist() for s in range(row)]
-    for tokens in (inputs, one_hot):
-        full = model.encoder(tokens, valid).flatten(0, 1)[masked.flatten()]
-        _assert_relative(model.encoder(tokens, valid, rows=rows), full)
-        for given in (most, None):
-            out = model(tokens, valid, ids, masked, count, max_per_row=given)
-            expected = F.cross_entropy(model.head(full), ids[masked], reduction="none")
-            _assert_relative(out.token_loss, expected)
-
-
 def test_masking_draws_only_esm_residues():
     g = torch.Generator().manual_seed(0)
     letters = torch.tensor([int(ESM.byte_to_id[ord(c)]) for c in "ACDEFGHIKLMNPQRSTVWY"])
@@ -271,15 +250,3 @@ def test_sharded_checkpoint_loads(hf_model, tmp_path):
     assert (tmp_path / "model.safetensors.index.json").is_file()
     model = load_hf_esm(tmp_path)
     torch.testing.assert_close(model.state_dict(), load_hf_esm(path).state_dict(), rtol=0, atol=0)
-
-
-def test_speed_benchmark_compares_equal_models(tmp_path):
-    """scripts/bench_esm.py at a tiny size: both models agree on the first step's loss (the
-    script stops otherwise) and the figures it writes are there."""
-    out = tmp_path / "bench.json"
-    command = [sys.executable, "scripts/bench_esm.py", "--preset", "esm2_tiny", "--batch", "2"]
-    command += ["--length", "24", "--steps", "1", "--rounds", "2", "--warmup", "0"]
-    subprocess.run([*command, "--json", str(out)], cwd=REPO, env=child_env(), check=True)
-    result = json.loads(out.read_text())
-    assert result["preset"] == "esm2_tiny" and len(result["all_ms_per_step"]["advpt"]) == 2
-    assert result["speedup"] > 0

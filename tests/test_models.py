@@ -1,4 +1,7 @@
 import dataclasses
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -6,17 +9,23 @@ import torch.nn.functional as F
 
 from advpt.masking import num_scores
 from advpt.models import ENCODER_PRESETS, NOISER_PRESETS, GRUNoiser, MaskedLanguageModel
-from advpt.tokenizer import TAPE
+from advpt.models.encoder import rows_of
+from advpt.tokenizer import TAPE, Vocabulary
+from tests.helpers import REPO, child_env
 
 
-def _ids(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def _ids(
+    lengths: list[int], seed: int = 0, vocab: Vocabulary = TAPE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random proteins of ``lengths`` (with ``<cls>`` and ``<eos>``), padded: ids, valid."""
     g = torch.Generator().manual_seed(seed)
     width = max(lengths)
-    ids = torch.full((len(lengths), width), TAPE.pad_id)
+    ids = torch.full((len(lengths), width), vocab.pad_id)
+    residues = (vocab.first_residue_id, vocab.first_residue_id + vocab.num_residues)
     for row, n in enumerate(lengths):
-        ids[row, 0], ids[row, n - 1] = TAPE.cls_id, TAPE.eos_id
-        ids[row, 1 : n - 1] = torch.randint(TAPE.first_residue_id, TAPE.size, (n - 2,), generator=g)
-    return ids, ids != TAPE.pad_id
+        ids[row, 0], ids[row, n - 1] = vocab.cls_id, vocab.eos_id
+        ids[row, 1 : n - 1] = torch.randint(*residues, (n - 2,), generator=g)
+    return ids, ids != vocab.pad_id
 
 
 def test_tape_base_preset_matches_tape_sizes():
@@ -74,6 +83,62 @@ def test_one_hot_input_passes_gradients_back():
     assert one_hot.grad is not None and one_hot.grad.abs().sum() > 0
 
 
+def _masked_batch(vocab: Vocabulary):
+    """Padded proteins, a masking with a different count in each row and none in row 1, and
+    the corrupted input as ids and as the straight-through one-hot."""
+    ids, valid = _ids([21, 14, 17, 9], seed=4, vocab=vocab)
+    masked = torch.zeros_like(valid)
+    masked[0, 1:20:3] = masked[2, [2, 5, 9]] = masked[3, 4] = True  # 7, 0, 3, 1 per row
+    inputs = torch.where(masked, torch.full_like(ids, vocab.mask_id), ids)
+    return ids, valid, masked, inputs, F.one_hot(inputs, vocab.size).float()
+
+
+def _full_forward_loss(model: MaskedLanguageModel, tokens, valid, ids, masked) -> torch.Tensor:
+    """``[N]`` token losses from every position's states, gathered at the masked ones."""
+    full = model.encoder(tokens, valid).flatten(0, 1)[masked.flatten()]
+    return F.cross_entropy(model.head(full), ids[masked], reduction="none")
+
+
+@pytest.mark.parametrize("preset", ["tiny", "esm2_tiny"])
+def test_masked_rows_give_the_full_forward_states(preset):
+    """The last layer run at the masked rows only (queries laid out per row, with unused
+    slots) gives the states and losses the full forward has there, in both families: ids and
+    one-hot input, a row with no masked position, the most per row given or counted."""
+    torch.manual_seed(6)
+    model = MaskedLanguageModel(ENCODER_PRESETS[preset]).eval()
+    ids, valid, masked, inputs, one_hot = _masked_batch(model.encoder.cfg.vocabulary)
+    count, most = int(masked.sum()), int(masked.sum(1).max())
+    rows = rows_of(masked, count, most)
+    assert rows.slot.tolist() == [s for row in masked.sum(1).tolist() for s in range(row)]
+    for tokens in (inputs, one_hot):
+        full = model.encoder(tokens, valid).flatten(0, 1)[masked.flatten()]
+        torch.testing.assert_close(model.encoder(tokens, valid, rows=rows), full)
+        expected = _full_forward_loss(model, tokens, valid, ids, masked)
+        for given in (most, None):
+            out = model(tokens, valid, ids, masked, count, max_per_row=given)
+            torch.testing.assert_close(out.token_loss, expected)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "esm2_tiny"])
+def test_masked_rows_give_the_full_forward_gradients(preset):
+    """The training loss through the masked-rows last layer has the full forward's gradients:
+    every weight's and, for the straight-through path, the one-hot input's."""
+    torch.manual_seed(7)
+    model = MaskedLanguageModel(ENCODER_PRESETS[preset]).eval()  # no dropout: equal numerics
+    ids, valid, masked, _, one_hot = _masked_batch(model.encoder.cfg.vocabulary)
+    grads = []
+    for rows_path in (True, False):
+        model.zero_grad()
+        tokens = one_hot.clone().requires_grad_(True)
+        if rows_path:
+            model(tokens, valid, ids, masked, int(masked.sum())).loss.backward()
+        else:
+            _full_forward_loss(model, tokens, valid, ids, masked).mean().backward()
+        grads.append([tokens.grad] + [p.grad for p in model.parameters()])
+    for by_rows, full in zip(*grads, strict=True):
+        torch.testing.assert_close(by_rows, full)
+
+
 def test_noiser_scores_each_token_and_ignores_padding():
     torch.manual_seed(3)
     noiser = GRUNoiser(NOISER_PRESETS["tiny"], TAPE).eval()
@@ -105,3 +170,18 @@ def test_context_only_noiser_cannot_see_the_residue_it_scores(bidirectional):
         assert (moved[1] == 0).all()  # the other row
     short = noiser(ids[1:, :6], lengths[1:])  # padding still changes nothing
     torch.testing.assert_close(noiser(ids, lengths)[1:, :6], short, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("preset", "package"), [("tiny", "tape"), ("esm2_tiny", "transformers")])
+def test_speed_benchmark_compares_equal_models(tmp_path, preset, package):
+    """scripts/bench_esm.py at a tiny size, against TAPE's and against transformers' model: both
+    models agree on the loss before training (the script stops otherwise) and the figures it
+    writes are there."""
+    pytest.importorskip(package)
+    out = tmp_path / "bench.json"
+    command = [sys.executable, "scripts/bench_esm.py", "--preset", preset, "--batch", "2"]
+    command += ["--length", "24", "--steps", "1", "--rounds", "2", "--warmup", "0"]
+    subprocess.run([*command, "--json", str(out)], cwd=REPO, env=child_env(), check=True)
+    result = json.loads(out.read_text())
+    assert result["preset"] == preset and result["reference"] == package
+    assert len(result["all_ms_per_step"]["advpt"]) == 2 and result["speedup"] > 0

@@ -1,8 +1,10 @@
 """The protein encoders, TAPE's transformer and ESM-2, each with a tied masked-LM head.
 
-Both families are built from the same parts (``SelfAttention``, ``TransformerLayer``, ``MLMHead``)
-and take the same inputs: token ids ``[B, L]`` or a (soft) one-hot ``[B, L, V]``; the latter lets
-straight-through gradients reach the noiser. Attention runs through
+Both families are one layer stack (``TransformerEncoder``: ``TransformerLayer`` after
+``TransformerLayer``, then ``MLMHead``) that differ only in settings, and take the same inputs:
+token ids ``[B, L]`` or a (soft) one-hot ``[B, L, V]``; the latter lets straight-through
+gradients reach the noiser. In masked-LM training the last layer runs its queries at the masked
+positions only (``Rows``). Attention runs through
 ``torch.nn.functional.scaled_dot_product_attention`` with the padding mask, so PyTorch picks a
 fused kernel where it can.
 
@@ -215,22 +217,45 @@ class SelfAttention(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    """Post-LayerNorm BERT layer, as in TAPE."""
+    """A BERT layer: attention, then a GELU feed-forward block, each with a residual and a
+    LayerNorm. Post-LayerNorm as TAPE's (each LayerNorm after its residual sum) or, with
+    ``pre_norm``, ESM-2's (each LayerNorm before its block); ``rotary``: rotary attention."""
 
-    rotary = False  # whether the attention rotates queries and keys by position
-
-    def __init__(self, cfg: EncoderConfig):
+    def __init__(self, cfg: EncoderConfig, pre_norm: bool = False, rotary: bool = False):
         super().__init__()
-        self.attention = SelfAttention(cfg, self.rotary)
+        self.pre_norm = pre_norm
+        self.attention = SelfAttention(cfg, rotary)
         self.attention_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.ffn_in = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.ffn_out = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
         self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        x = self.attention_norm(x + self.dropout(self.attention(x, attn_mask)))
-        return self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        rotary: torch.Tensor | None = None,
+        rows: Rows | None = None,
+    ) -> torch.Tensor:
+        """``x`` ``[B, L, H]`` -> ``[B, L, H]``, or ``[N, H]`` at ``rows`` only: every position
+        is attended to, but the queries, the attention output, the residual and the
+        feed-forward block run at those rows alone. ``attn_mask`` and ``rotary`` as
+        :meth:`SelfAttention.forward` takes them."""
+        attended = self.attention(
+            self.attention_norm(x) if self.pre_norm else x, attn_mask, rotary, rows
+        )
+        if rows is not None:
+            x = x.flatten(0, 1).index_select(0, rows.flat)
+        if self.pre_norm:
+            x = x + self.dropout(attended)
+            return x + self.dropout(self.feed_forward(self.ffn_norm(x)))
+        x = self.attention_norm(x + self.dropout(attended))
+        return self.ffn_norm(x + self.dropout(self.feed_forward(x)))
+
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., H]`` -> ``[..., H]``: the layer's GELU block, without residual or norm."""
+        return self.ffn_out(F.gelu(self.ffn_in(x)))
 
 
 def embed(table: nn.Embedding, tokens: torch.Tensor) -> torch.Tensor:
@@ -273,17 +298,20 @@ def _check_length(cfg: EncoderConfig, length: int) -> None:
         )
 
 
-class ProteinEncoder(nn.Module):
-    """TAPE's transformer: token (or one-hot) embeddings + learned positions + layers."""
+class TransformerEncoder(nn.Module):
+    """The layer stack both families share: embeddings (:meth:`embeddings`, the family's), the
+    layers, a final LayerNorm (ESM-2's; none in TAPE). The families differ only in settings:
+    post- or pre-LayerNorm layers, learned or rotary positions (``rotary``: the family's
+    :class:`RotaryEmbedding`, or None)."""
 
-    def __init__(self, cfg: EncoderConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.position_embedding = nn.Embedding(cfg.max_positions, cfg.hidden_size)
-        self.embedding_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.num_layers))
+    cfg: EncoderConfig
+    layers: nn.ModuleList
+    rotary: RotaryEmbedding | None
+    final_norm: nn.Module
+
+    def embeddings(self, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """The layers' input ``[B, L, H]`` for ``tokens`` ``[B, L]`` or ``[B, L, V]``."""
+        raise NotImplementedError
 
     def forward(
         self,
@@ -297,16 +325,40 @@ class ProteinEncoder(nn.Module):
         ``valid`` ``[B, L]`` bool marks real tokens; padding is never attended to. A batch the
         caller knows to be unpadded (``has_padding=False``, common with length bucketing and
         cropping) runs attention without a mask, which lets PyTorch pick its flash kernel.
-        With ``rows`` only those positions' states are returned, ``[N, H]``.
+        With ``rows`` only those positions' states are returned, ``[N, H]``: the last layer's
+        queries, attention, output projection and feed-forward block and the final LayerNorm
+        run at those rows only (the last layer's keys and values are all the other positions
+        contribute), so for masked-LM training most of the last layer's work is skipped.
         """
         length = valid.shape[1]
         _check_length(self.cfg, length)
-        positions = torch.arange(length, device=valid.device)
-        x = embed(self.token_embedding, tokens) + self.position_embedding(positions)
-        x = self.dropout(self.embedding_norm(x))
+        x = self.embeddings(tokens, valid)
         attn_mask = valid[:, None, None, :] if has_padding else None
-        x = run_layers(self.layers, x, self.cfg.activation_checkpointing, attn_mask)
-        return x if rows is None else x.flatten(0, 1).index_select(0, rows.flat)
+        turns = None if self.rotary is None else self.rotary(length, valid.device)
+        every = self.cfg.activation_checkpointing
+        x = run_layers(self.layers, x, every, attn_mask, turns, last_rows=rows)
+        return self.final_norm(x)
+
+
+class ProteinEncoder(TransformerEncoder):
+    """TAPE's transformer: token (or one-hot) embeddings + learned positions, post-LayerNorm
+    layers."""
+
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.position_embedding = nn.Embedding(cfg.max_positions, cfg.hidden_size)
+        self.embedding_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.num_layers))
+        self.rotary = None
+        self.final_norm = nn.Identity()
+
+    def embeddings(self, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(valid.shape[1], device=valid.device)
+        x = embed(self.token_embedding, tokens) + self.position_embedding(positions)
+        return self.dropout(self.embedding_norm(x))
 
 
 # ----------------------------------------------------------------------------- ESM-2
@@ -364,34 +416,12 @@ class RotaryEmbedding(nn.Module):
         return self
 
 
-class PreNormLayer(TransformerLayer):
-    """ESM-2's layer: TAPE's parts, each LayerNorm moved before its block, rotary attention."""
-
-    rotary = True
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor | None,
-        rotary: torch.Tensor,
-        rows: Rows | None = None,
-    ) -> torch.Tensor:
-        """``x`` ``[B, L, H]`` -> ``[B, L, H]``, or ``[N, H]`` at ``rows`` only: every position
-        is attended to, but the queries, the attention output, the residual and the
-        feed-forward block run at those rows alone."""
-        attended = self.attention(self.attention_norm(x), attn_mask, rotary, rows)
-        if rows is not None:
-            x = x.flatten(0, 1).index_select(0, rows.flat)
-        x = x + self.dropout(attended)
-        return x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(self.ffn_norm(x)))))
-
-
 # ESM's token dropout rescales as if this share of every sequence were <mask> tokens: the
 # share of ESM-2's own pre-training (15% masked, 80% of them <mask>), hard-coded there too.
 ESM_MASK_RATIO_TRAIN = 0.15 * 0.8
 
 
-class Esm2Encoder(nn.Module):
+class Esm2Encoder(TransformerEncoder):
     """ESM-2: token (or one-hot) embeddings, pre-LayerNorm rotary layers, a final LayerNorm.
 
     With ``token_dropout`` (all ESM-2 checkpoints) the ``<mask>`` embeddings are zeroed, as if
@@ -406,7 +436,9 @@ class Esm2Encoder(nn.Module):
         self.mask_id = cfg.vocabulary.mask_id
         self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.rotary = RotaryEmbedding(cfg.hidden_size // cfg.num_heads)
-        self.layers = nn.ModuleList(PreNormLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            TransformerLayer(cfg, pre_norm=True, rotary=True) for _ in range(cfg.num_layers)
+        )
         self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
     def token_dropout(
@@ -421,29 +453,9 @@ class Esm2Encoder(nn.Module):
         scale = (1.0 - ESM_MASK_RATIO_TRAIN) / (1.0 - observed)
         return x * ((1.0 - is_mask) * scale[:, None]).unsqueeze(-1).to(x.dtype)
 
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        valid: torch.Tensor,
-        has_padding: bool = True,
-        rows: Rows | None = None,
-    ) -> torch.Tensor:
-        """Hidden states ``[B, L, H]``, or ``[N, H]`` at ``rows``; as
-        :meth:`ProteinEncoder.forward`. With ``rows`` the last layer's queries, attention,
-        output projection and feed-forward block and the final LayerNorm run at those rows only
-        (the last layer's keys and values are all the other positions contribute): for
-        masked-LM training, most of the last layer's work is skipped. (TAPE's encoder computes
-        every position and gathers, which keeps its results bitwise what they were.)"""
-        length = valid.shape[1]
-        _check_length(self.cfg, length)
+    def embeddings(self, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         x = embed(self.token_embedding, tokens)
-        if self.cfg.token_dropout:
-            x = self.token_dropout(x, tokens, valid)
-        attn_mask = valid[:, None, None, :] if has_padding else None
-        rotary = self.rotary(length, valid.device)
-        every = self.cfg.activation_checkpointing
-        x = run_layers(self.layers, x, every, attn_mask, rotary, last_rows=rows)
-        return self.final_norm(x)
+        return self.token_dropout(x, tokens, valid) if self.cfg.token_dropout else x
 
 
 Encoder = ProteinEncoder | Esm2Encoder
@@ -488,9 +500,9 @@ class MLMOutput(NamedTuple):
 class MaskedLanguageModel(nn.Module):
     """Encoder + MLM head; the loss is computed at masked positions only.
 
-    Logits are never materialised at unmasked positions: the hidden states of the ``N`` masked
-    positions are gathered first, so the head costs ``N x H x V`` instead of ``B x L x H x V``
-    (and ESM-2 runs most of its last layer at those positions only).
+    Logits are never materialised at unmasked positions: the encoder's last layer runs its
+    queries, attention and feed-forward block at the ``N`` masked positions only, and so does
+    the head, which costs ``N x H x V`` instead of ``B x L x H x V``.
     """
 
     def __init__(self, cfg: EncoderConfig):
