@@ -186,7 +186,7 @@ def free_slurm_job_id() -> int:
 
 def short_run(tmp_path: Path, run_dir: Path, world: int) -> list[str]:
     args = tiny_run_args(tmp_path, run_dir, world=world)
-    return [*args, "--mode", "random", "--max_steps", "2", "--num_workers", "0"]
+    return [*args, "--mode", "random", "--max_steps", "2", "--log_every", "1", "--num_workers", "0"]
 
 
 @pytest.mark.slow
@@ -226,7 +226,7 @@ def test_two_srun_tasks_form_one_two_rank_job(tmp_path):
     assert first.count(batch) == 1
     assert "global batch" not in second and "launcher" not in second
     records = read_metrics(run_dir)
-    assert [r["encoder_step"] for r in records if "encoder_loss" in r][-1] == 2
+    assert records[-1]["encoder_step"] == 2 and "val_loss" in records[-1]
     assert {r["encoder_batch_size"] for r in records if "encoder_batch_size" in r} == {16}
     assert first.count(str(run_dir / "metrics.jsonl")) == 1
 
@@ -248,10 +248,13 @@ def test_an_incomplete_srun_environment_is_refused_before_anything_is_written(tm
     assert not run_dir.exists()
 
 
-def test_plain_python_says_it_is_one_process(tmp_path):
-    result = run_module(short_run(tmp_path, tmp_path / "run", world=1))
+def test_plain_python_is_one_process_and_resume_in_an_empty_run_dir_starts_fresh(tmp_path):
+    """What the Slurm scripts rely on: they always pass --resume."""
+    run_dir = tmp_path / "run"
+    result = run_module([*short_run(tmp_path, run_dir, world=1), "--resume"])
     assert result.returncode == 0, result.stderr[-4000:]
     assert "[advpt] no launcher found: one process" in result.stdout
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 2]
 
 
 @pytest.mark.slow
