@@ -2,14 +2,18 @@
 jobs of two processes, and the shipped Slurm scripts."""
 
 import os
+import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from advpt.config import parse_config
 from advpt.errors import ConfigError
 from advpt.training.launch import MPI_DEFAULT_PORT, Launch, discover, expand_hostlist, slurm_port
 from tests.helpers import REPO, child_env, read_metrics, run_module, tiny_run_args
@@ -273,3 +277,95 @@ def test_torchrun_with_two_processes_trains(tmp_path):
     assert out.count("x 2 rank(s), for the whole run") == 1
     records = read_metrics(run_dir)
     assert {r["encoder_batch_size"] for r in records if "encoder_batch_size" in r} == {16}
+
+
+# --- the shipped Slurm scripts ----------------------------------------------------------------
+
+SLURM_SCRIPTS = sorted((REPO / "scripts" / "slurm").iterdir())
+
+
+def test_the_slurm_scripts_are_valid_bash():
+    assert {p.name for p in SLURM_SCRIPTS} >= {
+        "pretrain-1node.sbatch", "pretrain-multinode.sbatch", "pretrain.sh"
+    }  # fmt: skip
+    for script in SLURM_SCRIPTS:
+        result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert result.returncode == 0, f"{script.name}: {result.stderr}"
+
+
+def advpt_train_commands(script: Path) -> list[list[str]]:
+    """The arguments of each ``python -m advpt.train`` in ``script``, continuation lines joined,
+    shell variables given sample values."""
+    text = script.read_text().replace("\\\n", " ")
+    commands = []
+    for line in text.splitlines():
+        if "-m advpt.train" in line:
+            words = shlex.split(line.split("-m advpt.train", 1)[1], comments=True)
+            words = [w for w in words if w not in ("&", "$@")]
+            commands.append([os.path.expandvars(w) for w in words])
+    return commands
+
+
+def test_every_flag_the_slurm_scripts_pass_is_an_advpt_train_flag(monkeypatch):
+    monkeypatch.setenv("DATA", "uniref50.fasta.gz")
+    monkeypatch.setenv("RUN_DIR", "runs/adv")
+    commands = [c for script in SLURM_SCRIPTS for c in advpt_train_commands(script)]
+    assert len(commands) == 1  # in pretrain.sh, run by both sbatch scripts
+    config = parse_config(commands[0])
+    assert config.run.resume and config.dataset.data == "uniref50.fasta.gz"
+    assert (config.model.noiser_context_only, config.method.noiser_start_at) == (True, 0.25)
+
+
+def fake_cluster(tmp_path: Path, train_exit: str) -> dict[str, str]:
+    """``srun`` (runs its command), ``scontrol`` (logs its arguments) and ``python`` (a
+    training that logs its arguments and, on USR1, stops with 75; or exits ``train_exit``)."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "log"
+    bin_dir.mkdir()
+    log.mkdir()
+    scripts = {
+        "srun": 'while [[ $1 == -* ]]; do shift; done\nexec "$@"',
+        "scontrol": f'echo "$@" >> {log}/scontrol',
+        "python": (
+            f"echo \"$@\" > {log}/args\ntrap 'exit 75' USR1\ntouch {log}/started\n"
+            f"[[ -n '{train_exit}' ]] && exit {train_exit or 0}\n"
+            "for i in $(seq 600); do sleep 0.1; done"
+        ),
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return {
+        **job_env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42",
+        "SLURM_SUBMIT_DIR": str(REPO), "DATA": "data.fasta", "TMPDIR": str(tmp_path),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("script", ["pretrain-1node.sbatch", "pretrain-multinode.sbatch"])
+def test_usr1_to_the_batch_shell_stops_the_step_and_requeues_the_job(tmp_path, script):
+    """What Slurm does near the time limit (``--signal=B:USR1@300``), with stand-ins for srun,
+    scontrol and the training: the shell forwards USR1, the step exits 75, the job is requeued."""
+    env, log = fake_cluster(tmp_path, train_exit=""), tmp_path / "log"
+    shell = subprocess.Popen(
+        ["bash", str(REPO / "scripts" / "slurm" / script), "--max_steps", "9"],
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    for _ in range(300):
+        if (log / "started").exists():
+            break
+        time.sleep(0.1)
+    shell.send_signal(signal.SIGUSR1)
+    out = shell.communicate(timeout=60)[0]
+    assert shell.returncode == 0, out
+    assert (log / "scontrol").read_text() == "requeue 42\n"
+    args = (log / "args").read_text().split()
+    assert args[:2] == ["-m", "advpt.train"] and args[-3:] == ["--resume", "--max_steps", "9"]
+    assert "time limit near" in out and "requeueing job 42" in out
+
+
+@pytest.mark.parametrize("code", ["0", "2"])
+def test_a_step_that_ends_otherwise_is_not_requeued(tmp_path, code):
+    env = fake_cluster(tmp_path, train_exit=code)
+    script = REPO / "scripts" / "slurm" / "pretrain-1node.sbatch"
+    result = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert result.returncode == int(code), result.stdout + result.stderr
+    assert not (tmp_path / "log" / "scontrol").exists()
