@@ -90,6 +90,9 @@ def test_the_deepspeed_launcher_is_named_and_gives_its_local_size():
     launch = discover(env)
     assert (launch.launcher, launch.local_world) == ("deepspeed", 2)
     assert "--master_port 4242" in launch.port_advice(4242)
+    del env["CROSS_RANK"], env["LOCAL_SIZE"]  # variables set by hand
+    assert discover(env) == Launch("env://", 3, 8, 1, None, "node1", 29400)
+    assert "LOCAL_WORLD_SIZE" not in discover(env).environ()
 
 
 def test_srun_tasks_meet_on_the_first_host_of_their_step_at_a_port_of_the_job():
@@ -123,6 +126,8 @@ def test_a_batch_or_salloc_shell_without_srun_is_one_process():
     assert (launch.launcher, launch.world, launch.rank) == ("none", 1, 0)
     assert launch.master_addr == "127.0.0.1" and launch.master_port > 0
     assert discover({}).describe() == "no launcher found: one process"
+    for step in ("extern", "-6"):  # not a task of a numbered step: one process too
+        assert discover({**SRUN, "SLURM_STEP_ID": step}).launcher == "none"
 
 
 def test_a_one_task_srun_step_is_one_process():

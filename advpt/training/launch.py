@@ -37,7 +37,7 @@ MPI_DEFAULT_PORT = 29500
 class Launch:
     """This process's place in the job, as its launcher gave it."""
 
-    launcher: str  # "deepspeed", "torchrun", "environment", "srun", "mpirun" or "none"
+    launcher: str  # "deepspeed", "torchrun", "env://", "srun", "mpirun" or "none"
     rank: int
     world: int
     local_rank: int
@@ -108,7 +108,7 @@ def _from_torch(env: Mapping[str, str]) -> Launch:
     elif "CROSS_RANK" in env:  # set by deepspeed.launcher.launch alone
         launcher = "deepspeed"
     else:
-        launcher = "environment"
+        launcher = "env://"  # set by hand, or by a launcher that says no more
     _require(env, ["WORLD_SIZE"], "RANK is set")
     world = _world(env, "WORLD_SIZE")
     if world == 1:
@@ -132,9 +132,10 @@ def _from_torch(env: Mapping[str, str]) -> Launch:
 
 
 def _is_srun_task(env: Mapping[str, str]) -> bool:
-    """A task of an ``srun`` job step has a step id. The batch shell of ``sbatch`` and the shell
-    of ``salloc`` (even one in an interactive step) have none, whatever SLURM_NTASKS says."""
-    return "SLURM_STEP_ID" in env
+    """A task of an ``srun`` job step has a step number. The batch shell of ``sbatch`` and the
+    shell of ``salloc`` (even one in an interactive step) have none, or a negative or named
+    one, whatever SLURM_NTASKS says."""
+    return env.get("SLURM_STEP_ID", "").strip().isdigit()
 
 
 def _from_srun(env: Mapping[str, str]) -> Launch:
