@@ -71,9 +71,8 @@ class Launch:
     def port_advice(self, port: int) -> str:
         """How to give this launcher another port (``port`` is a free one)."""
         if self.launcher in ("deepspeed", "torchrun"):
-            return f"give the {self.launcher} launcher a free one with --master_port, e.g. " + (
-                f"--master_port {port}"
-            )
+            flag = f"--master_port {port}"
+            return f"give the {self.launcher} launcher a free one with --master_port, e.g. {flag}"
         return f"set MASTER_PORT to a free one, e.g. MASTER_PORT={port}"
 
 
