@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +28,10 @@ from advpt.data.stream import MicroBatches, ValidationBatches
 from advpt.errors import CheckpointError, ConfigError
 from advpt.models import ENCODER_PRESETS, EncoderConfig, MaskedLanguageModel, build_noiser
 from advpt.tokenizer import Vocabulary
+from advpt.training import ranks
 from advpt.training.consolidate import load_model
 from advpt.training.engines import build_engine, load_ds_config
+from advpt.training.launch import discover, free_port
 from advpt.training.preemption import StopSignals
 from advpt.training.schedule import noiser_lr_steps, random_only_steps
 from advpt.training.trackers import check_available
@@ -57,23 +58,16 @@ def _unlink_shared_buffer() -> None:
     (Path("/dev/shm") / name).unlink(missing_ok=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_distributed() -> torch.device:
-    """Join the launcher's process group, or make a group of one without it.
+    """Join the process group of the launcher that started this process (the deepspeed
+    launcher, torchrun, srun or mpirun: :mod:`advpt.training.launch`), or make a group of one
+    without one; rank 0 says which it found.
 
     A port already taken surfaces here, in torch's TCPStore on rank 0 (EADDRINUSE): it becomes
-    one sentence naming the launcher's ``--master_port``.
+    one sentence naming the launcher's ``--master_port`` (or ``MASTER_PORT``).
     """
-    if "RANK" not in os.environ:
-        os.environ.update(
-            RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-        )  # fmt: skip
+    launch = discover(os.environ)
+    os.environ.update(launch.environ())
     accelerator = get_accelerator()
     backend = (
         "gloo" if accelerator.device_name() == "cpu" else accelerator.communication_backend_name()
@@ -84,16 +78,29 @@ def init_distributed() -> torch.device:
         if "EADDRINUSE" not in str(exc):
             raise
         raise ConfigError(
-            f"port {os.environ['MASTER_PORT']} of {os.environ['MASTER_ADDR']} is already in use "
-            f"(by another run?): give the deepspeed launcher a free one with --master_port, e.g. "
-            f"--master_port {_free_port()}"
+            f"port {launch.master_port} of {launch.master_addr} is already in use (by another "
+            f"run?): {launch.port_advice(free_port())}"
         ) from None
-    local_rank = int(os.environ["LOCAL_RANK"])
+    if launch.rank == 0:
+        print(f"[advpt] {launch.describe()}", flush=True)
     if accelerator.device_name() == "cpu":
         _unlink_shared_buffer()
         return torch.device("cpu")
-    accelerator.set_device(local_rank)
-    return torch.device(accelerator.device_name(local_rank))
+    # A task that sees fewer devices than its local rank (srun --gpus-per-task gives each one
+    # its own) fails alike on every rank, which agree so that rank 0 says it.
+    seen = ranks.gather((launch.local_rank, accelerator.device_count()))
+    short = [
+        (rank, local, visible) for rank, (local, visible) in enumerate(seen) if local >= visible
+    ]
+    if short:
+        rank, local, visible = short[0]
+        raise ConfigError(
+            f"rank {rank} ({launch.launcher}) has local rank {local} but sees {visible} "
+            f"{accelerator.device_name()} device(s): every task of a node must see all of the "
+            "node's GPUs (srun --gres=gpu:N or --gpus-per-node=N, not --gpus-per-task)"
+        )
+    accelerator.set_device(launch.local_rank)
+    return torch.device(accelerator.device_name(launch.local_rank))
 
 
 def build_trainer(
