@@ -141,11 +141,9 @@ def build_data(
     train, held_out = split(len(dataset), clusters, d.val_fraction, seed, d.sample_by)
     random_rate, adversarial_rate = config.masking_rates()
     view = CroppedView(dataset, train, d.max_length, seed, vocab)
-    batches = LengthBucketedBatches(
-        view, micro_batch, rank, world, seed, bucket_batches=d.bucket_batches
-    )
+    batches = LengthBucketedBatches(view, micro_batch, seed=seed, bucket_batches=d.bucket_batches)
     collate = MaskingCollator(random_rate, adversarial_rate, seed, vocab)
-    stream = MicroBatches(view, batches, collate)
+    stream = MicroBatches(view, batches, collate, rank, world)
     chosen = sample(held_out, d.val_max_batches * micro_batch, seed)
     held_out_view = CroppedView(dataset, chosen, d.max_length, seed, vocab)
     val_rate = config.masking.val_masking_rate or random_rate + adversarial_rate

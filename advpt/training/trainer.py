@@ -75,7 +75,7 @@ class Counters:
     encoder_step: int = 0  # encoder optimizer steps
     noiser_step: int = 0  # noiser optimizer steps
     joint_step: int = 0  # simultaneous steps, which are counted in both of the above too
-    micro_batches: int = 0  # micro-batches consumed from this rank's stream (data position)
+    micro_batches: int = 0  # micro-batches consumed by all ranks (the stream's position)
     train_seconds: float = 0.0  # wall time of training over all jobs, validation and saves excluded
 
     @property
@@ -283,7 +283,7 @@ class Trainer:
             for e in stepping:
                 e.set_gradient_accumulation_boundary(micro == window - 1)
             batch = next(data).to(self.device)
-            self.counters.micro_batches += 1
+            self.counters.micro_batches += self.stream.world
             micro_step(batch, log)
         self.counters.noiser_step += trained["noiser"]
         self.counters.encoder_step += trained["encoder"]
