@@ -100,12 +100,15 @@ def build_trainer(
     """Data, models and engines for ``config``."""
     rank, world = dist.get_rank(), dist.get_world_size()
     board_dir = Path(config.run.run_dir) / "tensorboard"
-    encoder_ds = load_ds_config(config.deepspeed_config, board_dir, "encoder")
+    batch = {"global_batch": config.global_batch, "micro_batch": config.micro_batch}
+    encoder_ds = load_ds_config(
+        config.deepspeed_config, board_dir, "encoder", lr=config.lr, **batch
+    )
     micro_batch = encoder_ds["train_micro_batch_size_per_gpu"]
     noiser_ds = None
     if config.adversarial:
         noiser_ds = load_ds_config(
-            config.noiser_deepspeed_config, board_dir, "noiser", batch_from=encoder_ds
+            config.noiser_deepspeed_config, board_dir, "noiser", batch_from=encoder_ds, **batch
         )
         if noiser_ds["train_micro_batch_size_per_gpu"] != micro_batch:
             raise ConfigError(
