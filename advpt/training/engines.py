@@ -124,7 +124,9 @@ def _fix_global_batch(
 
 def _source(flag_value: int | None, path: str) -> str:
     """Where the global batch was set."""
-    return "given on the command line" if flag_value else f"train_batch_size of {path}"
+    if flag_value:
+        return "given on the command line"
+    return f"train_batch_size of DeepSpeed config {path}"
 
 
 def _check_batch(config: dict[str, Any], path: str, world: int, source: str) -> None:
@@ -158,9 +160,15 @@ def check_global_batch(total: int, unit: int, unit_text: str, source: str) -> No
 
 
 def _check_with_deepspeed(path: str, config: dict[str, Any]) -> None:
-    """Let DeepSpeed parse the config now, turning its validation errors into one sentence."""
+    """Let DeepSpeed parse the config now, turning its validation errors into one sentence.
+
+    The global batch is left out: its arithmetic on ``WORLD_SIZE`` ranks is checked above, and
+    DeepSpeed derives it from micro-batch x accumulation x the ranks of its process group.
+    """
+    checked = copy.deepcopy(config)
+    checked.pop("train_batch_size", None)
     try:
-        DeepSpeedConfig(copy.deepcopy(config))
+        DeepSpeedConfig(checked)
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
