@@ -52,7 +52,6 @@ def test_two_ranks_to_one_to_two_trains_as_an_uninterrupted_run(tmp_path, stage)
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     _ok(launch(_args(tmp_path, whole, stage)))
     _ok(launch([*_args(tmp_path, parts, stage), "--stop_after_steps", "2"]))
-    shutil.copytree(parts / "checkpoints", tmp_path / "saved_by_two")
     one = run_module([*_args(tmp_path, parts, stage), "--resume", "--stop_after_steps", "2"])
     _ok(one)
     assert (
@@ -66,7 +65,6 @@ def test_two_ranks_to_one_to_two_trains_as_an_uninterrupted_run(tmp_path, stage)
     for step in expected:
         assert resumed[step][1] == pytest.approx(expected[step][1], rel=1e-12)  # LR schedule
         assert resumed[step][0] == pytest.approx(expected[step][0], rel=RTOL), step
-    assert read_metrics(parts)[-1]["epoch"] == read_metrics(whole)[-1]["epoch"]
 
 
 def test_optimizer_state_resharded_from_two_ranks_equals_the_saved_one(tmp_path, distributed):
@@ -86,6 +84,8 @@ def test_optimizer_state_resharded_from_two_ranks_equals_the_saved_one(tmp_path,
              ("fp32", "exp_avg", "exp_avg_sq")}  # fmt: skip
 
     trainer = build_trainer(parse_config([*args, "--resume"]), torch.device("cpu"))
+    adam = trainer.encoder.optimizer.optimizer
+    fresh = [group["lr"] for group in adam.param_groups]  # the schedule's start
     assert trainer.restore()
     assert trainer.counters.encoder_step == 2 and trainer.counters.micro_batches == 4
     for name, param in trainer.encoder.module.named_parameters():
@@ -93,13 +93,12 @@ def test_optimizer_state_resharded_from_two_ranks_equals_the_saved_one(tmp_path,
         for key in ("exp_avg", "exp_avg_sq"):
             got = safe_get_full_optimizer_state(param, key)
             torch.testing.assert_close(got, saved[key][name], rtol=0, atol=0)
-    adam = trainer.encoder.optimizer.optimizer
     assert all(float(s["step"]) == 2 for s in adam.state.values())
-    # the learning rate the schedule set after step 2, not the schedule's start
+    # the learning rate the schedule set after step 2
     file = run_dir / "checkpoints" / "encoder" / tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     groups = torch.load(file, weights_only=False)["optimizer_state_dict"]["base_optimizer_state"]
     lrs = [group["lr"] for group in groups["param_groups"]]
-    assert [group["lr"] for group in adam.param_groups] == lrs and lrs[0] < 1e-3
+    assert [group["lr"] for group in adam.param_groups] == lrs != fresh
 
 
 def _saved_full(encoder_dir: Path, tag: str, key: str, tmp_path: Path) -> dict[str, torch.Tensor]:
