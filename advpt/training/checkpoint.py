@@ -53,7 +53,11 @@ from deepspeed.utils.tensor_fragment import fragment_address
 from advpt.errors import CheckpointError, first_line, shorten
 from advpt.models.pretrained import load_weights_only
 from advpt.training import ranks
-from advpt.training.reshard import load_partitioned_optimizer, partitioned
+from advpt.training.reshard import (
+    check_reshardable,
+    load_partitioned_optimizer,
+    partitioned,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -455,16 +459,22 @@ def load_checkpoint(root: Path, tag: str, engines: Engines) -> dict[str, Any]:
     """
     manifest = _read_manifest(root, tag)
     saved_world = int(manifest["world_size"])
+    reshard = {
+        name: saved_world != ranks.world_size() and partitioned(root / name / tag)
+        for name in engines
+    }
+    for name, engine in engines.items():
+        if reshard[name]:
+            check_reshardable(engine, root / name / tag, saved_world)
     trainer_state: dict[str, Any] | None = None
     for name, engine in engines.items():
         directory = root / name / tag
-        reshard = saved_world != ranks.world_size() and partitioned(directory)
         path, client_state = engine.load_checkpoint(
-            str(root / name), tag=tag, load_optimizer_states=not reshard
+            str(root / name), tag=tag, load_optimizer_states=not reshard[name]
         )
         if path is None:
             raise CheckpointError(f"checkpoint {directory} could not be loaded")
-        if reshard:
+        if reshard[name]:
             load_partitioned_optimizer(engine, directory, saved_world, _DEEPSPEED_STATE_CLASSES)
         trainer_state = trainer_state or client_state["trainer"]
     rng = load_weights_only(_rng_file(root, tag, manifest))

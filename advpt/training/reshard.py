@@ -2,7 +2,7 @@
 
 What depends on the number of ranks in a checkpoint is the optimizer state of a partitioned
 optimizer (ZeRO stages 1-2, and DeepSpeed's bf16 optimizer at stage 0): rank ``r`` of ``W``
-saved ``zero_pp_rank_<r>_mp_rank_00_optim_states.pt``, one flat fp32 partition per parameter
+saved ``[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt``, one flat fp32 partition per parameter
 group with the optimizer's moments of it, and a map (``param_slice_mappings``) from each
 parameter's name to the fragment of it this partition holds. The fragments of one parameter,
 read in rank order, are that parameter flattened. So every rank reads all ``W`` files,
@@ -40,28 +40,40 @@ from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_st
 from advpt.errors import CheckpointError
 from advpt.models.pretrained import load_weights_only
 
-OPTIMIZER_FILE = "zero_pp_rank_{}_mp_rank_00_optim_states.pt"
+# DeepSpeed's name of rank r's optimizer state (bf16 runs prefix it with "bf16_").
+OPTIMIZER_FILE = "{}zero_pp_rank_{}_mp_rank_00_optim_states.pt"
+
+
+def _optimizer_file(directory: Path, rank: int) -> Path | None:
+    for prefix in ("", "bf16_"):
+        if (directory / OPTIMIZER_FILE.format(prefix, rank)).is_file():
+            return directory / OPTIMIZER_FILE.format(prefix, rank)
+    return None
 
 
 def partitioned(directory: Path) -> bool:
     """Whether the engine checkpoint in ``directory`` holds a partitioned optimizer's state."""
-    return (directory / OPTIMIZER_FILE.format(0)).is_file()
+    return _optimizer_file(directory, 0) is not None
+
+
+def check_reshardable(engine: deepspeed.DeepSpeedEngine, directory: Path, saved_world: int) -> None:
+    """Refuse ZeRO-3 (before anything is loaded): it partitions the weights too."""
+    if engine.zero_optimization_stage() >= 3:
+        raise CheckpointError(
+            f"{directory} was written by {saved_world} ranks under ZeRO-3, which partitions the "
+            f"weights too; resume it with {saved_world} ranks"
+        )
 
 
 def load_partitioned_optimizer(
     engine: deepspeed.DeepSpeedEngine, directory: Path, saved_world: int, classes: Sequence[type]
 ) -> None:
     """Load the optimizer state that ``saved_world`` ranks saved in ``directory`` into
-    ``engine``'s partitioning (a collective only in DeepSpeed's own calls: none here)."""
-    if engine.zero_optimization_stage() >= 3:
-        raise CheckpointError(
-            f"{directory} was written by {saved_world} ranks under ZeRO-3, which partitions the "
-            f"weights too; resume it with {saved_world} ranks"
-        )
-    saved = [
-        load_weights_only(directory / OPTIMIZER_FILE.format(r), classes)["optimizer_state_dict"]
-        for r in range(saved_world)
-    ]
+    ``engine``'s partitioning, once its weights are loaded from the model file."""
+    files = [_optimizer_file(directory, rank) for rank in range(saved_world)]
+    if None in files:
+        raise CheckpointError(f"{directory} lacks the optimizer state of rank {files.index(None)}")
+    saved = [load_weights_only(file, classes)["optimizer_state_dict"] for file in files]
     _create_state(engine, saved[0])
     fragments = _fragments(saved)
     for name, param in engine.module.named_parameters():
