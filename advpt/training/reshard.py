@@ -1,7 +1,7 @@
 """Resuming a checkpoint on another number of ranks: ZeRO-partitioned optimizer state re-sharded.
 
 What depends on the number of ranks in a checkpoint is the optimizer state of a partitioned
-optimizer (ZeRO stages 1-2, and DeepSpeed's bf16 optimizer at stage 0): rank ``r`` of ``W``
+optimizer (ZeRO stages 1-2, fp32 or bf16): rank ``r`` of ``W``
 saved ``[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt``, one flat fp32 partition per parameter
 group with the optimizer's moments of it, and a map (``param_slice_mappings``) from each
 parameter's name to the fragment of it this partition holds. The fragments of one parameter,
@@ -11,8 +11,8 @@ assembles each parameter's fp32 master weights and moments, and hands them to De
 that the *current* partitioning gives the rank. The step counts and the param groups'
 hyperparameters (the learning rate the schedule set last) are the same in every partition.
 The weights, the LR schedule and the counters come from the rank-independent model file as
-usual. A plain fp32 optimizer (stage 0 without bf16) keeps its whole state in that model file,
-so its checkpoint loads on any number of ranks as it is.
+usual. At ZeRO stage 0 the whole optimizer state is in that model file (seen for fp32 and bf16
+with deepspeed 0.19.8 on CPU), so such a checkpoint loads on any number of ranks as it is.
 
 Why this and not DeepSpeed's universal checkpoint (``ds_to_universal`` + ``load_universal``):
 that is an offline conversion writing a second copy of the checkpoint, one file per parameter
