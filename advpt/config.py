@@ -367,6 +367,22 @@ class TrainConfig(Section):
     noiser_deepspeed_config: str = "auto"
     """DeepSpeed JSON of the noiser: a file, or a shipped config: cpu, gpu; auto is cpu on the
     CPU accelerator and gpu on a GPU. A JSON without batch settings follows the encoder's."""
+    global_batch: int | None = None
+    """Sequences per encoder optimizer step (before batch growth), whatever the number of
+    ranks: the accumulation becomes global_batch / (micro-batch x ranks), for the noiser too.
+    Unset takes the DeepSpeed JSONs' batch settings."""
+    micro_batch: int | None = None
+    """Sequences per rank per forward pass of both models; unset takes the encoder JSON's
+    train_micro_batch_size_per_gpu. A resumed run keeps the micro-batch it was started with."""
+    lr: float | None = None
+    """Peak learning rate of the encoder; unset takes its DeepSpeed JSON's."""
+
+    def rules(self) -> list[tuple[bool, str]]:
+        return [
+            (self.global_batch is None or self.global_batch > 0, "global_batch must be positive"),
+            (self.micro_batch is None or self.micro_batch > 0, "micro_batch must be positive"),
+            (self.lr is None or self.lr > 0, "lr must be positive"),
+        ]
 
     @property
     def adversarial(self) -> bool:

@@ -82,9 +82,12 @@ def resolve_ds_config(config: FinetuneConfig, run_dir: Path) -> dict[str, Any]:
 
     The global batch is split into the largest micro-batch (up to the JSON's) that divides it
     evenly over the ranks, times gradient accumulation, so every batch size of a sweep runs on
-    any number of GPUs.
+    any number of GPUs that divides it.
     """
-    ds = load_ds_config(config.deepspeed_config, run_dir / "tensorboard", "finetune")
+    ds = load_ds_config(
+        config.deepspeed_config, run_dir / "tensorboard", "finetune",
+        global_batch=config.batch_size, lr=config.lr, fit_micro=True,
+    )  # fmt: skip
     if ds.get("zero_optimization", {}).get("stage", 0) > 2:
         raise ConfigError(
             f"DeepSpeed config {config.deepspeed_config}: fine-tuning supports ZeRO stages 0-2 "
@@ -93,22 +96,8 @@ def resolve_ds_config(config: FinetuneConfig, run_dir: Path) -> dict[str, Any]:
     params = ds.get("optimizer", {}).get("params")
     if params is None:
         raise ConfigError(f"DeepSpeed config {config.deepspeed_config} has no optimizer params")
-    if config.lr is not None:
-        params["lr"] = config.lr
     if config.weight_decay is not None:
         params["weight_decay"] = config.weight_decay
-    world = dist.get_world_size()
-    micro_limit = ds["train_micro_batch_size_per_gpu"]
-    batch = config.batch_size or ds.get("train_batch_size") or micro_limit * world
-    if batch % world:
-        raise ConfigError(f"batch size {batch} is not a multiple of the world size {world}")
-    per_rank = batch // world
-    micro = max(m for m in range(1, min(micro_limit, per_rank) + 1) if per_rank % m == 0)
-    ds.update(
-        train_batch_size=batch,
-        train_micro_batch_size_per_gpu=micro,
-        gradient_accumulation_steps=per_rank // micro,
-    )
     return ds
 
 

@@ -1,9 +1,15 @@
 """The training stream: micro-batch number -> collated :class:`Batch`, resumable by number.
 
-Micro-batch ``g`` of a rank is batch ``g % per_epoch`` of epoch ``g // per_epoch`` of that
-rank's length-bucketed shard; crops and random masks are seeded from ``g`` too. So the whole
-stream is a pure function of the micro-batch counter, which is all a checkpoint has to store,
-and DataLoader workers can prefetch ahead without changing what the trainer sees.
+There is one stream for the whole job, numbered globally: micro-batch ``g`` is batch
+``g % per_epoch`` of epoch ``g // per_epoch`` of the length-bucketed order of all training
+records, and its crops and random masks are seeded from ``g`` too. Rank ``r`` of ``world``
+takes micro-batches ``start + r, start + r + world, ...``, so one optimizer step of
+``accumulation`` micro-steps consumes the next ``accumulation x world`` numbers whatever the
+split between ranks and accumulation. The data position is then one number, the global count
+of micro-batches consumed, which is all a checkpoint has to store, and a run resumed on another
+number of ranks (same micro-batch size) goes on with the very next micro-batch: within an epoch
+no sequence is repeated or skipped. DataLoader workers prefetch ahead without changing what the
+trainer sees. A single rank's stream is the same as before the stream became global.
 """
 
 from __future__ import annotations
@@ -21,12 +27,29 @@ from advpt.errors import DataError
 
 
 class MicroBatches(Dataset):
-    """Map-style view: index ``g`` is the ``g``-th micro-batch of this rank's stream."""
+    """Map-style view: index ``g`` is the ``g``-th micro-batch of the job's stream; rank
+    ``rank`` of ``world`` reads every ``world``-th of them (:meth:`numbers`).
 
-    def __init__(self, view: CroppedView, batches: LengthBucketedBatches, collate: MaskingCollator):
+    ``batches`` cuts the whole training set (rank 0 of world 1): ranks share one order.
+    """
+
+    def __init__(
+        self,
+        view: CroppedView,
+        batches: LengthBucketedBatches,
+        collate: MaskingCollator,
+        rank: int = 0,
+        world: int = 1,
+    ):
+        if batches.world_size != 1:
+            raise ValueError("the training stream cuts the whole training set (world size 1)")
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is outside world size {world}")
         self.view = view
         self.batches = batches
         self.collate = collate
+        self.rank = rank
+        self.world = world
         self.per_epoch = batches.batches_per_epoch()
 
     def __len__(self) -> int:
@@ -39,6 +62,10 @@ class MicroBatches(Dataset):
 
     def epoch_of(self, number: int) -> int:
         return number // self.per_epoch
+
+    def numbers(self, start: int) -> Iterator[int]:
+        """This rank's micro-batch numbers once ``start`` micro-batches of the job are consumed."""
+        return itertools.count(start + self.rank, self.world)
 
 
 def _identity(batch: Batch) -> Batch:
@@ -71,11 +98,12 @@ def stream_loader(
     num_workers: int,
     worker_init_fn: Callable[[int], None] | None = None,
 ) -> Iterator[Batch]:
-    """Endless micro-batches from number ``start`` on; ``num_workers`` processes prefetch."""
+    """This rank's endless micro-batches once the job has consumed ``start`` of them (the
+    global count); ``num_workers`` processes prefetch."""
     loader = DataLoader(
         _HandBackDataErrors(micro_batches),
         batch_size=None,
-        sampler=itertools.count(start),
+        sampler=micro_batches.numbers(start),
         collate_fn=_identity,
         num_workers=num_workers,
         persistent_workers=False,

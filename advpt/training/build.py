@@ -111,12 +111,15 @@ def build_trainer(
     check_available(config.run.trackers)
     rank, world = dist.get_rank(), dist.get_world_size()
     board_dir = Path(config.run.run_dir) / "tensorboard"
-    encoder_ds = load_ds_config(config.deepspeed_config, board_dir, "encoder")
+    batch = {"global_batch": config.global_batch, "micro_batch": config.micro_batch}
+    encoder_ds = load_ds_config(
+        config.deepspeed_config, board_dir, "encoder", lr=config.lr, **batch
+    )
     micro_batch = encoder_ds["train_micro_batch_size_per_gpu"]
     noiser_ds = None
     if config.adversarial:
         noiser_ds = load_ds_config(
-            config.noiser_deepspeed_config, board_dir, "noiser", batch_from=encoder_ds
+            config.noiser_deepspeed_config, board_dir, "noiser", batch_from=encoder_ds, **batch
         )
         if noiser_ds["train_micro_batch_size_per_gpu"] != micro_batch:
             raise ConfigError(
@@ -155,11 +158,9 @@ def build_data(
     train, held_out = split(len(dataset), clusters, d.val_fraction, seed, d.sample_by)
     random_rate, adversarial_rate = config.masking_rates()
     view = CroppedView(dataset, train, d.max_length, seed, vocab)
-    batches = LengthBucketedBatches(
-        view, micro_batch, rank, world, seed, bucket_batches=d.bucket_batches
-    )
+    batches = LengthBucketedBatches(view, micro_batch, seed=seed, bucket_batches=d.bucket_batches)
     collate = MaskingCollator(random_rate, adversarial_rate, seed, vocab)
-    stream = MicroBatches(view, batches, collate)
+    stream = MicroBatches(view, batches, collate, rank, world)
     chosen = sample(held_out, d.val_max_batches * micro_batch, seed)
     held_out_view = CroppedView(dataset, chosen, d.max_length, seed, vocab)
     val_rate = config.masking.val_masking_rate or random_rate + adversarial_rate

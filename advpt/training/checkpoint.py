@@ -25,7 +25,10 @@ file present at its recorded size and loadable with PyTorch's ``weights_only`` l
 (DeepSpeed unpickles in full, which would run any code a crafted file carries; the few
 plain-data classes of DeepSpeed's optimizer states are admitted), and the model settings and
 shapes equal to the run's. A damaged checkpoint is passed over for the previous complete one
-with a warning naming the damage; a different model is refused.
+with a warning naming the damage; a different model is refused. A checkpoint resumes on any
+number of ranks: the weights, LR schedules and trainer state are rank-independent, ZeRO's
+partitioned optimizer state is re-sharded (``advpt.training.reshard``), and the data position
+is the job's global count of micro-batches (``advpt.data.stream``).
 """
 
 from __future__ import annotations
@@ -50,6 +53,11 @@ from deepspeed.utils.tensor_fragment import fragment_address
 from advpt.errors import CheckpointError, first_line, shorten
 from advpt.safe_load import load_weights_only
 from advpt.training import ranks
+from advpt.training.reshard import (
+    check_reshardable,
+    load_partitioned_optimizer,
+    partitioned,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -326,12 +334,6 @@ def _check_model(where: str, manifest: dict[str, Any], engines: Engines, arch: d
                     f"checkpoint {where} does not fit this run's {engine}: tensor {name!r} has "
                     f"shape {stored.get(name)} there and {shapes.get(name)} here"
                 )
-    world = manifest.get("world_size")
-    if world != ranks.world_size():
-        raise CheckpointError(
-            f"checkpoint {where} was written by {world} ranks and this run has "
-            f"{ranks.world_size()}; resume it with {world} (the data order depends on the ranks)"
-        )
 
 
 def _check_sizes(root: Path, manifest: dict[str, Any]) -> list[str]:
@@ -356,8 +358,16 @@ def _check_files(root: Path, tag: str, manifest: dict[str, Any]) -> None:
                 load_weights_only(path, _DEEPSPEED_STATE_CLASSES)
             except CheckpointError as err:
                 raise _Damaged(str(err)) from None
-    if not (root / RNG / tag / f"rank{ranks.rank()}.pt").is_file():
-        raise _Damaged(f"it has no RNG state for rank {ranks.rank()}")
+    rng = _rng_file(root, tag, manifest)
+    if not rng.is_file():
+        raise _Damaged(f"it has no {rng.name}")
+
+
+def _rng_file(root: Path, tag: str, manifest: dict[str, Any]) -> Path:
+    """This rank's RNG state, or on another number of ranks that of rank ``rank % saved``."""
+    saved = manifest.get("world_size")
+    rank = ranks.rank() % saved if isinstance(saved, int) and saved > 0 else ranks.rank()
+    return root / RNG / tag / f"rank{rank}.pt"
 
 
 def complete_latest(root: Path) -> str:
@@ -435,16 +445,39 @@ def _warn_fallback(root: Path, tag: str, problem: str | None, passed_over: list[
             write_atomically(root / "latest", tag + "\n")
 
 
+def saved_world_size(root: Path, tag: str) -> int:
+    """The number of ranks that wrote checkpoint ``tag`` (validated by :func:`resume_tag`)."""
+    return int(_read_manifest(root, tag)["world_size"])
+
+
 def load_checkpoint(root: Path, tag: str, engines: Engines) -> dict[str, Any]:
     """Restore every engine and this rank's RNG from ``tag`` (validated by :func:`resume_tag`);
-    returns the trainer state."""
+    returns the trainer state.
+
+    On another number of ranks than wrote it, a partitioned optimizer's state is re-sharded
+    (``advpt.training.reshard``) and rank ``r`` takes the RNG state of rank ``r % saved``.
+    """
+    manifest = _read_manifest(root, tag)
+    saved_world = int(manifest["world_size"])
+    reshard = {
+        name: saved_world != ranks.world_size() and partitioned(root / name / tag)
+        for name in engines
+    }
+    for name, engine in engines.items():
+        if reshard[name]:
+            check_reshardable(engine, root / name / tag, saved_world)
     trainer_state: dict[str, Any] | None = None
     for name, engine in engines.items():
-        path, client_state = engine.load_checkpoint(str(root / name), tag=tag)
+        directory = root / name / tag
+        path, client_state = engine.load_checkpoint(
+            str(root / name), tag=tag, load_optimizer_states=not reshard[name]
+        )
         if path is None:
-            raise CheckpointError(f"checkpoint {root / name / tag} could not be loaded")
+            raise CheckpointError(f"checkpoint {directory} could not be loaded")
+        if reshard[name]:
+            load_partitioned_optimizer(engine, directory, saved_world, _DEEPSPEED_STATE_CLASSES)
         trainer_state = trainer_state or client_state["trainer"]
-    rng = load_weights_only(root / RNG / tag / f"rank{ranks.rank()}.pt")
+    rng = load_weights_only(_rng_file(root, tag, manifest))
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])

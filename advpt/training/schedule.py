@@ -129,6 +129,21 @@ def describe_batch(
     )
 
 
+def describe_layout_change(saved: dict[str, int], now: dict[str, int]) -> str | None:
+    """One sentence on how a resumed run's batch is made differently from the checkpoint's
+    (``ranks``, ``micro_batch``, ``accumulation``, ``global_batch``); None if it is not."""
+    if saved == now:
+        return None
+    names = {"ranks": "ranks", "micro_batch": "micro-batch", "accumulation": "accumulation",
+             "global_batch": "global batch"}  # fmt: skip
+    parts = [
+        f"{text} {saved.get(key)} -> {now[key]}" if saved.get(key) != now[key]
+        else f"{text} {now[key]} (unchanged)"
+        for key, text in names.items()
+    ]  # fmt: skip
+    return "resumed with another batch layout than the checkpoint's: " + ", ".join(parts)
+
+
 def random_only_steps(max_steps: int, noiser_start_at: float) -> int:
     """Encoder steps of the random-only warm-up: the first ``noiser_start_at`` of the run.
 

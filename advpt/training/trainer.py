@@ -48,18 +48,19 @@ from advpt.data.stream import MicroBatches, ValidationBatches, stream_loader
 from advpt.errors import CheckpointError, cannot_write
 from advpt.models.encoder import MLMOutput, preset_of
 from advpt.training import checkpoint
-from advpt.training.engines import current_lr
+from advpt.training.engines import check_global_batch, current_lr
 from advpt.training.monitor import MetricsAccumulator, MetricsWriter, check_collapse
 from advpt.training.objective import AdversarialObjective, masked_lm
 from advpt.training.phases import PHASES
 from advpt.training.preemption import StopSignals, ignore_in_worker
 from advpt.training.progress import Progress
-from advpt.training.ranks import rank, world_size
+from advpt.training.ranks import rank
 from advpt.training.schedule import (
     JOINT,
     RANDOM,
     batch_growth,
     describe_batch,
+    describe_layout_change,
     make_schedule,
     random_only_steps,
 )
@@ -74,7 +75,7 @@ class Counters:
     encoder_step: int = 0  # encoder optimizer steps
     noiser_step: int = 0  # noiser optimizer steps
     joint_step: int = 0  # simultaneous steps, which are counted in both of the above too
-    micro_batches: int = 0  # micro-batches consumed from this rank's stream (data position)
+    micro_batches: int = 0  # micro-batches consumed by all ranks (the stream's position)
     train_seconds: float = 0.0  # wall time of training over all jobs, validation and saves excluded
 
     @property
@@ -129,6 +130,7 @@ class Trainer:
         self.stop_signals = stop_signals or StopSignals()
         self.stopped_by: str | None = None  # the signal that stopped the run, if one did
         self._clock = time.perf_counter()
+        self.resumed_layout: dict[str, int] | None = None  # the checkpoint's, set by restore()
 
     @property
     def engines(self) -> dict[str, deepspeed.DeepSpeedEngine]:
@@ -263,7 +265,7 @@ class Trainer:
             for engine in trained.values():
                 engine.set_gradient_accumulation_boundary(micro == window - 1)
             batch = next(data).to(self.device)
-            self.counters.micro_batches += 1
+            self.counters.micro_batches += self.stream.world
             self.micro_step(phase, batch, log)
         self.counters.noiser_step += "noiser" in trained
         self.counters.encoder_step += "encoder" in trained
@@ -341,12 +343,13 @@ class Trainer:
     def _describe_batch(self) -> str:
         """The global batch, where it comes from, and when it grows (said at the start)."""
         s = self.config.optim
-        world = world_size()
-        micro = self.encoder.train_micro_batch_size_per_gpu()
-        accumulation = self.base_batch["encoder"] // (micro * world)
-        return describe_batch(
-            micro, accumulation, world, s.max_steps, s.batch_growth_at, s.growth_factor
-        )
+        now = self.layout()
+        text = describe_batch(
+            now["micro_batch"], now["accumulation"], now["ranks"], s.max_steps,
+            s.batch_growth_at, s.growth_factor,
+        )  # fmt: skip
+        change = self.resumed_layout and describe_layout_change(self.resumed_layout, now)
+        return f"{change}; {text}" if change else text
 
     def _log(self, writer: MetricsWriter) -> dict[str, Any]:
         record: dict[str, Any] = {
@@ -398,6 +401,17 @@ class Trainer:
             "counters": vars(self.counters).copy(),
             "schedule": self.schedule.state_dict(),
             "base_batch": self.base_batch,
+            "layout": self.layout(),
+        }
+
+    def layout(self) -> dict[str, int]:
+        """How the encoder's base global batch is made: micro-batch x accumulation x ranks."""
+        micro, world = self.encoder.train_micro_batch_size_per_gpu(), self.stream.world
+        return {
+            "ranks": world,
+            "micro_batch": micro,
+            "accumulation": self.base_batch["encoder"] // (micro * world),
+            "global_batch": self.base_batch["encoder"],
         }
 
     def architecture(self) -> dict[str, Any]:
@@ -424,17 +438,41 @@ class Trainer:
         )
 
     def restore(self) -> bool:
-        """Load the newest usable checkpoint if there is one; True if something was loaded."""
+        """Load the newest usable checkpoint if there is one; True if something was loaded.
+
+        Any number of ranks resumes it with the micro-batch it was written with (the data
+        order is cut into micro-batches of that size). The global batch is the checkpoint's
+        unless ``--global_batch`` sets another.
+        """
         tag = checkpoint.resume_tag(self.checkpoints, self.engines, self.architecture())
         if tag is None:
             return False
+        micro = self.encoder.train_micro_batch_size_per_gpu()
         state = checkpoint.load_checkpoint(self.checkpoints, tag, self.engines)
         self.counters = Counters(**state["counters"])
         try:
             self.schedule.load_state_dict(state["schedule"])
         except ValueError as exc:
             raise CheckpointError(f"{self.checkpoints}: {exc}") from None
-        self.base_batch = dict(state["base_batch"])
+        saved = state.get("layout")
+        if saved is None:  # written when the data position counted one rank's micro-batches
+            self.counters.micro_batches *= checkpoint.saved_world_size(self.checkpoints, tag)
+        elif saved["micro_batch"] != micro:
+            raise CheckpointError(
+                f"checkpoint {tag} in {self.checkpoints} was trained with micro-batch "
+                f"{saved['micro_batch']} and this run has {micro}; resume it with --micro_batch "
+                f"{saved['micro_batch']} (the data order is cut into micro-batches of that size)"
+            )
+        if self.config.global_batch is None:
+            self.base_batch = dict(state["base_batch"])
+            for name, engine in self.engines.items():
+                unit = engine.train_micro_batch_size_per_gpu() * self.stream.world
+                check_global_batch(
+                    self.base_batch[name], unit,
+                    f"micro-batch x {self.stream.world} rank(s) = {unit}",
+                    f"the {name}'s in checkpoint {tag}; pass --global_batch to change it",
+                )  # fmt: skip
+        self.resumed_layout = saved
         return True
 
 
