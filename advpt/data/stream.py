@@ -9,7 +9,7 @@ and DataLoader workers can prefetch ahead without changing what the trainer sees
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -70,7 +70,7 @@ def stream_loader(
     start: int,
     num_workers: int,
     worker_init_fn: Callable[[int], None] | None = None,
-) -> Iterator[Batch]:
+) -> Generator[Batch, None, None]:
     """Endless micro-batches from number ``start`` on; ``num_workers`` processes prefetch."""
     loader = DataLoader(
         _HandBackDataErrors(micro_batches),
@@ -84,10 +84,17 @@ def stream_loader(
         # run restores from its checkpoint (dropout and Gumbel noise use it).
         generator=torch.Generator(),
     )
-    for batch in loader:
-        if isinstance(batch, DataError):
-            raise batch
-        yield batch
+    batches = iter(loader)
+    try:
+        for batch in batches:
+            if isinstance(batch, DataError):
+                raise batch
+            yield batch
+    finally:
+        # Shut the workers down now, not when the garbage collector meets the iterator: they
+        # ignore SIGTERM (advpt.training.preemption), so at exit multiprocessing would wait
+        # for them forever.
+        del batches
 
 
 class ValidationBatches:

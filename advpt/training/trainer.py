@@ -176,6 +176,7 @@ class Trainer:
             while self.counters.encoder_step < stop_at and not self.stopped_by:
                 last = self._train_step(data, writer, progress, stop_at) or last
         finally:
+            data.close()  # its DataLoader workers stop now, also when training failed
             progress.close()
             writer.close()
         return last
