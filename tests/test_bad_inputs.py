@@ -282,7 +282,7 @@ def test_run_directory_that_cannot_be_created_is_one_sentence(tmp_path, capsys, 
 
 
 def test_an_error_of_one_rank_is_printed_by_that_rank(capsys, monkeypatch):
-    from advpt.errors import report
+    from advpt.command import report
 
     monkeypatch.setenv("RANK", "1")
     assert report(DataError("cannot read x.fasta: I/O error"), 2, debug=False) == 2

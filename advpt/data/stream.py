@@ -88,6 +88,7 @@ def stream_loader(
     try:
         for batch in batches:
             if isinstance(batch, DataError):
+                batch.this_rank_only = True  # the other ranks' shares may read well
                 raise batch
             yield batch
     finally:

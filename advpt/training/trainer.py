@@ -44,9 +44,9 @@ from torch import nn
 from advpt.config import TrainConfig
 from advpt.data.collate import Batch
 from advpt.data.stream import MicroBatches, ValidationBatches, stream_loader
-from advpt.errors import CheckpointError, cannot_write
+from advpt.errors import CheckpointError, NonFiniteError, cannot_write
 from advpt.models.encoder import MLMOutput
-from advpt.training import checkpoint
+from advpt.training import checkpoint, ranks
 from advpt.training.engines import current_lr
 from advpt.training.monitor import MetricsAccumulator, MetricsWriter, check_collapse
 from advpt.training.objective import AdversarialObjective, Draw, masked_lm
@@ -64,10 +64,6 @@ from advpt.training.schedule import (
 )
 
 MicroStep = Callable[[Batch, bool], MLMOutput]
-
-
-class NonFiniteError(RuntimeError):
-    """An engine skipped too many non-finite steps in a row; the last good state was saved."""
 
 
 @dataclass
@@ -116,7 +112,7 @@ class Trainer:
         )
         self.counters = Counters()
         self.base_batch = {name: e.train_batch_size() for name, e in self.engines.items()}
-        self.is_main = not dist.is_initialized() or dist.get_rank() == 0
+        self.is_main = ranks.rank() == 0
         self.vocab = encoder_engine.module.encoder.cfg.vocabulary  # the encoder's ids, all along
         self.objective = AdversarialObjective(
             config.masking, config.importance, config.schedule.reversal_scale, self.vocab
