@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ from advpt.data.sampling import AllRecords
 from advpt.data.stream import MicroBatches, stream_loader
 from advpt.errors import DataError
 from advpt.tokenizer import TAPE
-from tests.helpers import tiny_run_args, write_ds_config
+from tests.helpers import child_env, tiny_run_args, write_ds_config
 
 PROTEINS = ">p1 first\nMKTAYIAKQR\n>p2\nGGHH\n"
 
@@ -281,11 +283,29 @@ def test_run_directory_that_cannot_be_created_is_one_sentence(tmp_path, capsys, 
     assert "Traceback" not in "\n".join(err)
 
 
-def test_an_error_of_one_rank_is_printed_by_that_rank(capsys, monkeypatch):
-    from advpt.command import report
+# A command failing on rank 1 of a launched job, before its process group exists.
+RANK_ONE = """
+import sys
+from advpt.command import command
+from advpt.errors import DataError
 
-    monkeypatch.setenv("RANK", "1")
-    assert report(DataError("cannot read x.fasta: I/O error"), 2, debug=False) == 2
-    assert capsys.readouterr().err == ""  # every rank has it: rank 0 prints it
-    report(DataError("cannot read x.fasta: I/O error"), 2, debug=False, this_rank_only=True)
-    assert capsys.readouterr().err == "advpt: error (rank 1): cannot read x.fasta: I/O error\n"
+@command
+def main(argv):
+    error = DataError("cannot read x.fasta: I/O error")
+    error.this_rank_only = argv == ["mine"]  # as the training stream marks its data errors
+    raise error
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("whose", "printed"),
+    [("every rank's", ""), ("mine", "advpt: error (rank 1): cannot read x.fasta: I/O error\n")],
+)
+def test_an_error_of_one_rank_is_printed_by_that_rank(whose, printed):
+    env = {**child_env(), "RANK": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", RANK_ONE, whose], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and done.stderr == printed  # every rank has it: rank 0 prints

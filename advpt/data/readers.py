@@ -405,6 +405,8 @@ def read_tape_json(path: str | os.PathLike) -> list[dict[str, Any]]:
         raise read_error(path, err) from err
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"{path} is not valid JSON ({err})") from err
+    except RecursionError:
+        raise DataError(f"{path} nests its JSON too deeply to be a list of records") from None
     if not isinstance(records, list):
         raise DataError(f"{path} must hold a JSON list of records, not a {type(records).__name__}")
     return records
