@@ -296,13 +296,14 @@ def test_training_onto_a_full_file_system_ends_in_seconds(tmp_path, mount, distr
     _previous_checkpoint_is_intact(run_dir, last)
 
 
-@pytest.mark.parametrize("size", ["12k", "40k"])
+@pytest.mark.parametrize("size", ["8k", "16k"])
 def test_a_file_system_full_at_the_first_writes_ends_in_one_sentence(
     tmp_path, mount, distributed, size
 ):
     # The run's config, metrics and TensorBoard events are the writes that meet the full disk.
     run_dir = mount("full", f"size={size}") / "run"
-    job = run_module(tiny_run_args(tmp_path, run_dir) + TRAIN_FLAGS, timeout=300)
+    flags = [*TRAIN_FLAGS, "--checkpoint_every", "1000", "--log_every", "1"]
+    job = run_module(tiny_run_args(tmp_path, run_dir) + flags, timeout=300)
     last = _one_sentence(job)
     assert str(run_dir) in last and "No space left on device" in last
 

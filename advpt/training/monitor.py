@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -234,8 +236,10 @@ class MetricsWriter:
         self.jsonl_path = run_dir / "metrics.jsonl"
         self.started = time.time()
         self.board: SummaryWriter | None = None
+        self.failed = False  # a write failed and was raised as its sentence
         if not enabled:
             return
+        _quiet_board_threads()
         try:
             if resume_step is not None:
                 self._truncate_after(resume_step)
@@ -273,21 +277,53 @@ class MetricsWriter:
             self.jsonl.write(json.dumps(record) + "\n")
             self.jsonl.flush()
         except OSError as err:
+            self.failed = True
             raise cannot_write(err, self.jsonl_path) from err
-        for key, value in record.items():
-            if key in ("step", "time", "elapsed_s"):
-                continue
-            if isinstance(value, dict):
-                for sub, v in value.items():
-                    self.board.add_scalar(f"{key}/{sub}", v, step)
-            elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.board.add_scalar(_board_tag(key), value, step)
-        self.board.flush()
+        try:
+            for key, value in record.items():
+                if key in ("step", "time", "elapsed_s"):
+                    continue
+                if isinstance(value, dict):
+                    for sub, v in value.items():
+                        self.board.add_scalar(f"{key}/{sub}", v, step)
+                elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.board.add_scalar(_board_tag(key), value, step)
+            self.board.flush()
+        except OSError as err:  # raised by the writer's thread, which names no file
+            self.failed = True
+            raise cannot_write(err, self.jsonl_path.parent / "tensorboard") from err
 
     def close(self) -> None:
-        if self.enabled:
-            self.jsonl.close()
-            self.board.close()
+        """Close both files. After a failed write what they still hold cannot be written
+        either; that failure was raised already, so closing then drops it quietly."""
+        if not self.enabled:
+            return
+        try:
+            try:
+                self.jsonl.close()
+            finally:
+                self.board.close()
+        except OSError as err:
+            if not self.failed:
+                raise cannot_write(err, self.jsonl_path.parent) from err
+
+
+_shown_by: Callable[[threading.ExceptHookArgs], object] = threading.excepthook
+
+
+def _quiet_board_threads() -> None:
+    """TensorBoard writes from a thread of its own, and a write it fails (a full disk) reaches
+    :meth:`MetricsWriter.write` at the next flush, as one sentence: from now on that thread's
+    own traceback is not printed. Any other thread's exception is shown as before."""
+    global _shown_by
+    if threading.excepthook is not _unless_board_write:
+        _shown_by, threading.excepthook = threading.excepthook, _unless_board_write
+
+
+def _unless_board_write(args: threading.ExceptHookArgs) -> None:
+    board = type(args.thread).__module__.startswith("tensorboard.")
+    if not (board and isinstance(args.exc_value, OSError)):
+        _shown_by(args)
 
 
 def _board_tag(key: str) -> str:
