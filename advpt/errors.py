@@ -8,7 +8,10 @@ else is a bug and keeps its traceback. ``--debug`` shows the traceback of an adv
 from __future__ import annotations
 
 import os
+import re
 import reprlib
+
+from safetensors import SafetensorError
 
 # Exit codes of the command-line tools (README, "Resuming, bad records and data safety").
 EXIT_BAD_INPUT = 2  # input, configuration, files or the file system: one sentence says which
@@ -37,9 +40,17 @@ class OutputError(ValueError):
     """A file or directory advpt writes (run directory, metrics, export) that cannot be written."""
 
 
-def cannot_write(err: OSError, path: str | os.PathLike) -> OutputError:
-    """One sentence for a failed write: the file the OS names, else ``path``."""
-    return OutputError(f"cannot write {err.filename or path}: {err.strerror or err}")
+# What a failed write raises: the OS's error, or safetensors' own wrapping of it.
+WRITE_ERRORS = (OSError, SafetensorError)
+
+
+def cannot_write(err: Exception, path: str | os.PathLike) -> OutputError:
+    """One sentence for a failed write (one of :data:`WRITE_ERRORS`): the file the OS names,
+    else ``path``, and the reason (safetensors' ``I/O error: <reason> (os error N)`` too)."""
+    if isinstance(err, OSError):
+        return OutputError(f"cannot write {err.filename or path}: {err.strerror or err}")
+    found = re.search(r"I/O error: (.*?) \(os error \d+\)", str(err))
+    return OutputError(f"cannot write {path}: {found.group(1) if found else first_line(err)}")
 
 
 class ReportError(ValueError):

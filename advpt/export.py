@@ -34,7 +34,7 @@ from pathlib import Path
 
 from advpt.command import command
 from advpt.config import DEBUG_HELP
-from advpt.errors import CheckpointError, OutputError, cannot_write
+from advpt.errors import WRITE_ERRORS, CheckpointError, OutputError, cannot_write
 from advpt.models.encoder import Encoder, MaskedLanguageModel
 from advpt.models.hf_esm import save_hf_esm
 from advpt.models.pretrained import CONFIG_FILE, encoder_of, save_export, save_tape
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.source)
     try:
         write_export(model, out_dir, args.format)
-    except OSError as err:
+    except WRITE_ERRORS as err:
         raise cannot_write(err, out_dir) from err
     size = sum(p.numel() for p in model.parameters())
     what = "masked LM" if isinstance(model, MaskedLanguageModel) else "encoder"

@@ -42,7 +42,7 @@ from advpt.command import command, rank  # noqa: E402
 from advpt.config import FinetuneConfig, parse_finetune_config  # noqa: E402
 from advpt.data.batching import LengthBucketedBatches  # noqa: E402
 from advpt.data.tape_tasks import TaskSplit, collate, read_split  # noqa: E402
-from advpt.errors import ConfigError, cannot_write  # noqa: E402
+from advpt.errors import WRITE_ERRORS, ConfigError, cannot_write  # noqa: E402
 from advpt.models import ENCODER_PRESETS, Encoder, MaskedLanguageModel  # noqa: E402
 from advpt.models.heads import HeadConfig, TaskModel  # noqa: E402
 from advpt.models.pretrained import save_task_model  # noqa: E402
@@ -298,7 +298,7 @@ def run_finetune(config: FinetuneConfig, device: torch.device) -> dict[str, Any]
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
             (run_dir / "ds_config.json").write_text(json.dumps(finetuner.ds_config, indent=2))
-        except OSError as err:
+        except WRITE_ERRORS as err:
             raise cannot_write(err, run_dir) from err
     results = finetuner.train()
     if finetuner.is_main:
@@ -307,7 +307,7 @@ def run_finetune(config: FinetuneConfig, device: torch.device) -> dict[str, Any]
                 task = {"task": results["task"], "label": results["label"]}
                 save_task_model(finetuner.engine.module, run_dir / MODEL_DIR, task)
             (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-        except OSError as err:
+        except WRITE_ERRORS as err:
             raise cannot_write(err, run_dir) from err
     return results
 

@@ -324,3 +324,39 @@ def test_two_ranks_onto_a_full_file_system_both_end(tmp_path, mount, distributed
     assert len(last) == 1, output[-3000:]  # rank 0 says it, once
     _previous_checkpoint_is_intact(run_dir, last[0])
     assert time.monotonic() - start < 300
+
+
+def test_a_full_file_system_under_the_data_cache_is_one_sentence(tmp_path, mount, distributed):
+    data = tmp_path / "x.fasta"
+    data.write_text(RECORDS * 200)
+    cache = mount("cache", "size=64k")
+    flags = ["--data", str(data), "--data_cache", str(cache), "--max_steps", "1"]
+    job = run_module(tiny_run_args(tmp_path, tmp_path / "run") + flags, timeout=300)
+    last = _one_sentence(job)
+    assert f"cannot write the prepared dataset {cache}/x.fasta-" in last
+    assert last.endswith("No space left on device") and list(cache.iterdir()) == []
+
+
+def test_export_and_report_onto_a_full_file_system_are_one_sentence(
+    tmp_path, mount, distributed, capsys
+):
+    from advpt.export import main as export
+    from advpt.report import main as report
+    from tests.helpers import pretrain_tiny
+
+    run_dir = pretrain_tiny(tmp_path, tmp_path / "run").run_dir
+    capsys.readouterr()
+    full = mount("full", "size=64k")
+    assert export([str(run_dir), str(full / "model")]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err == f"advpt: error: cannot write {full / 'model'}: No space left on device\n"
+    assert list(full.iterdir()) == []  # neither the export nor its staging directory
+    pytest.importorskip("matplotlib")
+    (full / "filler").write_bytes(bytes(60 << 10))  # room for the table, not the plot
+    assert report([str(run_dir), str(run_dir), "--out", str(full / "cmp")]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"advpt: error: cannot write {full / 'cmp/comparison.png'}: No space left on device\n"
+    )
+    assert sorted(p.name for p in (full / "cmp").iterdir()) == ["comparison.md"]
