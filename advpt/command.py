@@ -11,6 +11,9 @@ decorated with :func:`command`, which turns advpt's errors (``advpt.errors``) in
     75  stopped by a signal: ``--resume`` continues a run, a preparation can simply be run again
     130 interrupted (Ctrl-C) outside a stop-signal handler
 
+A write that fails on rank 0 only (metrics, TensorBoard events) ends that rank; the others learn
+it when their next collective loses its peer, and end with a line saying so, within seconds.
+
 Anything else is a bug and keeps its traceback; ``--debug`` shows the traceback of an advpt
 error too. Rank 0 alone prints (:func:`rank`), unless the error was met by one rank only.
 """
@@ -46,6 +49,11 @@ BAD_INPUT = (ConfigError, DataError, CheckpointError, OutputError, ReportError)
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 
 Main = Callable[[list[str] | None], int]
+
+# A collective whose peer process has exited (gloo's words): another rank ended the job, and
+# that rank's output says why; this one says only that, without a traceback.
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+ANOTHER_RANK = "another rank ended the job (a collective lost its peer); its message says why"
 
 
 def rank() -> int:
@@ -124,6 +132,10 @@ def command(main: Main) -> Main:
             return report(exc, EXIT_STOPPED, debug)
         except KeyboardInterrupt as exc:
             return report(exc.__class__("interrupted"), EXIT_INTERRUPTED, debug)
+        except RuntimeError as exc:
+            if not any(gone in str(exc) for gone in PEER_GONE):
+                raise
+            return report(OutputError(ANOTHER_RANK), EXIT_BAD_INPUT, debug, this_rank_only=True)
         except OSError as exc:  # a write no more specific sentence caught
             if exc.errno not in WRITE_ERRNOS:
                 raise
