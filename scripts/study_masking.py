@@ -54,6 +54,7 @@ import torch
 from advpt.command import command
 from advpt.config import (
     BUNDLED_PROTEOME,
+    DEBUG_HELP,
     VARIANTS,
     DataConfig,
     ScheduleConfig,
@@ -596,6 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=BUNDLED_PROTEOME, help="training data (advpt --data)")
     parser.add_argument("--out", type=Path, default=REPO / "docs", help="report directory")
     parser.add_argument("--runs", type=Path, default=REPO / "runs" / "study", help="run dirs")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
     if args.quick:
         args.size = "quick"

@@ -30,6 +30,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 
 from advpt.command import command  # noqa: E402
+from advpt.config import DEBUG_HELP  # noqa: E402
 from advpt.errors import ConfigError  # noqa: E402
 from advpt.tasks import TASKS  # noqa: E402
 
@@ -72,6 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--launcher", default="", help='e.g. "deepspeed --num_gpus 8"; default: python -m'
     )
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     parser.add_argument("finetune_args", nargs="*", help="after --: flags for advpt.finetune")
     args = parser.parse_args(argv)
     encoders = {}

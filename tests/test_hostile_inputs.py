@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from advpt.data.prepare import prepare
-from advpt.errors import EXIT_BAD_INPUT, EXIT_STOPPED
+from advpt.errors import EXIT_BAD_INPUT, EXIT_STOPPED, DataError
 from advpt.train import main
 from tests.helpers import (
     REPO,
@@ -133,7 +133,7 @@ def _parquet(path: Path, **columns) -> str:
         ),
         (
             {"sequence": ["MKT", "GG"], "id": [{"a": 1}, {"a": 2}]},
-            "column 'id' holds struct<a: int64>, not names",
+            "column 'id' holds struct<a: int64>, not names or numbers",
         ),
     ],
     ids=["integer sequences", "list sequences", "struct ids"],
@@ -204,6 +204,51 @@ def test_hostile_prepare_inputs_are_one_sentence_naming_the_input(tmp_path, case
     last = _one_sentence(job)
     assert expected in last and Path(data).name in last
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
+
+
+# ----------------------------------------------------------------------------- cluster files
+
+
+def _clusters(tmp_path: Path, mapping: Path):
+    from advpt.data.cache import open_data
+    from advpt.data.clusters import ClusterSource
+
+    (tmp_path / "m.fasta").write_text(RECORDS[: RECORDS.index(">r6")])  # r0 .. r5
+    dataset = open_data(str(tmp_path / "m.fasta"), str(tmp_path / "data"))
+    source = ClusterSource(dataset, mapping, str(tmp_path / "cache"))
+    source.ensure()
+    return source.open()
+
+
+def test_integer_ids_in_a_parquet_cluster_mapping_are_read(tmp_path):
+    members = pa.array([f"r{i}" for i in range(6)])
+    pq.write_table(
+        pa.table({"member_id": members, "cluster_id": [7, 7, 7, 8, 8, 9]}), tmp_path / "m.pq"
+    )
+    assert len(_clusters(tmp_path, tmp_path / "m.pq")) == 3
+
+
+HOSTILE_CLUSTERS = {
+    "a directory": (lambda p: p.mkdir(), "clusters file {} is not a file"),
+    "binary junk": (lambda p: p.write_bytes(b"\x00\xff\x01\n"), "{}, line 1: expected member_id"),
+    "UTF-16": (lambda p: p.write_text("r0\tA\n", "utf-16"), "{}, line 2: expected member_id"),
+    "a struct column": (
+        lambda p: pq.write_table(
+            pa.table({"member_id": [f"r{i}" for i in range(6)], "cluster_id": [{"a": 1}] * 6}), p
+        ),
+        "{}: column 'cluster_id' holds struct<a: int64>, not names or numbers",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE_CLUSTERS)
+def test_hostile_cluster_files_are_one_sentence(tmp_path, case):
+    make, message = HOSTILE_CLUSTERS[case]
+    mapping = tmp_path / ("map.parquet" if "column" in case else "map.tsv")
+    make(mapping)
+    with pytest.raises(DataError) as caught:
+        _clusters(tmp_path, mapping)
+    assert message.format(mapping) in str(caught.value)
 
 
 # ----------------------------------------------------------------------------- training inputs

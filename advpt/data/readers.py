@@ -509,10 +509,10 @@ def parquet_blocks(path: Path) -> Iterator[Block]:
     id_column = next((c for c in PARQUET_ID_COLUMNS if c in schema.names), None)
     wanted = ["sequence"] + ([id_column] if id_column else [])
     rows, total, size = 0, max(1, file.metadata.num_rows), input_size(path)
-    for batch in _parquet_batches(pa, file, path, wanted):
+    for batch in parquet_batches(pa, file, path, wanted):
         residues, lengths = flat_strings(pa, batch.column(0))
         if id_column:
-            names, name_lengths = flat_strings(pa, _as_text(pa, batch.column(1), path, id_column))
+            names, name_lengths = flat_strings(pa, as_text(pa, batch.column(1), path, id_column))
         else:
             label = [f"#{i}".encode() for i in range(rows, rows + batch.num_rows)]
             names = np.frombuffer(b"".join(label), np.uint8)
@@ -528,19 +528,22 @@ def _is_text(pa: Any, kind: Any) -> bool:
     return any(check(kind) for check in (*checks, pa.types.is_large_binary, pa.types.is_null))
 
 
-def _as_text(pa: Any, column: Any, path: Path, name: str) -> Any:
-    """A name column as text: strings as they are, numbers (integer ids) written out."""
+def as_text(pa: Any, column: Any, path: Path, name: str) -> Any:
+    """An id column as text: strings as they are, numbers (integer ids) written out."""
     if _is_text(pa, column.type):
         return column
     try:
         return column.cast(pa.large_string())
     except pa.ArrowException:
-        raise DataError(f"{path}: column '{name}' holds {column.type}, not names") from None
+        kind = column.type
+        raise DataError(f"{path}: column '{name}' holds {kind}, not names or numbers") from None
 
 
-def _parquet_batches(pa: Any, file: Any, path: Path, columns: list[str]) -> Iterator[Any]:
+def parquet_batches(
+    pa: Any, file: Any, path: Path, columns: list[str], rows: int = PARQUET_ROWS_PER_BLOCK
+) -> Iterator[Any]:
     """The file's record batches of ``columns``; a damaged page is one sentence."""
-    batches = file.iter_batches(batch_size=PARQUET_ROWS_PER_BLOCK, columns=columns)
+    batches = file.iter_batches(batch_size=rows, columns=columns)
     while True:
         try:
             batch = next(batches, None)
