@@ -38,17 +38,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from advpt.command import command
 from advpt.config import DEBUG_HELP
 from advpt.data.cache import open_data
 from advpt.data.prepared import ProteinDataset
 from advpt.errors import (
-    EXIT_BAD_INPUT,
-    CheckpointError,
     ConfigError,
     DataError,
-    OutputError,
     cannot_write,
-    report,
     shorten,
 )
 from advpt.inference import (
@@ -277,22 +274,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     """Exit code 0, or 2 with one sentence naming the bad input."""
     args = build_parser().parse_args(argv)
     out = Path(args.out)
-    try:
-        refuse_existing(out, args.overwrite)
-        if args.tokens_per_batch < 1:
-            raise ConfigError("--tokens_per_batch must be positive")
-        device = pick_device(args.device)
-        dataset = open_data(args.input, args.data_cache, args.unknown_to_unk)
-        encoder = encoder_of(load_for_inference(args.model, device))
-        layers = resolve_layers(args.layers, encoder.cfg.num_layers)
-        with npz_output(out) as parts:
-            embed_dataset(encoder, dataset, parts, layers, args.per_residue, args.tokens_per_batch)
-    except (CheckpointError, ConfigError, DataError, OutputError) as exc:
-        return report(exc, EXIT_BAD_INPUT, args.debug)
+    refuse_existing(out, args.overwrite)
+    if args.tokens_per_batch < 1:
+        raise ConfigError("--tokens_per_batch must be positive")
+    device = pick_device(args.device)
+    dataset = open_data(args.input, args.data_cache, args.unknown_to_unk)
+    encoder = encoder_of(load_for_inference(args.model, device))
+    layers = resolve_layers(args.layers, encoder.cfg.num_layers)
+    with npz_output(out) as parts:
+        embed_dataset(encoder, dataset, parts, layers, args.per_residue, args.tokens_per_batch)
     width = encoder.cfg.hidden_size
     print(f"embedded {len(dataset):,} sequences ({width} dimensions) to {out}")
     return 0

@@ -1,20 +1,24 @@
 """advpt's error types: what went wrong with the user's input, reported as one sentence.
 
 Each names the file, record, key or setting at fault. The entry points print such an error as
-``advpt: error: <sentence>`` (:func:`report`) and exit with :data:`EXIT_BAD_INPUT`; anything else
-is a bug and keeps its traceback. ``--debug`` shows the traceback of an advpt error too.
+``advpt: error: <sentence>`` and exit with the code of its kind (``advpt.command``); anything
+else is a bug and keeps its traceback. ``--debug`` shows the traceback of an advpt error too.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import reprlib
-import sys
-import traceback
+
+from safetensors import SafetensorError
 
 # Exit codes of the command-line tools (README, "Resuming, bad records and data safety").
 EXIT_BAD_INPUT = 2  # input, configuration, files or the file system: one sentence says which
 EXIT_NUMERICAL = 3  # training stopped on non-finite losses; the last good state is saved
+# sysexits.h EX_TEMPFAIL, "try again later": stopped by a signal; a run saved a checkpoint to
+# continue with --resume, a preparation kept nothing and can be run again.
+EXIT_STOPPED = 75
 
 
 class ConfigError(ValueError):
@@ -23,6 +27,8 @@ class ConfigError(ValueError):
 
 class DataError(ValueError):
     """A data file or record advpt cannot read."""
+
+    this_rank_only = False  # met by this rank alone: its share of the data, mid-run
 
 
 class CheckpointError(ValueError):
@@ -34,13 +40,25 @@ class OutputError(ValueError):
     """A file or directory advpt writes (run directory, metrics, export) that cannot be written."""
 
 
-def cannot_write(err: OSError, path: str | os.PathLike) -> OutputError:
-    """One sentence for a failed write: the file the OS names, else ``path``."""
-    return OutputError(f"cannot write {err.filename or path}: {err.strerror or err}")
+# What a failed write raises: the OS's error, or safetensors' own wrapping of it.
+WRITE_ERRORS = (OSError, SafetensorError)
+
+
+def cannot_write(err: Exception, path: str | os.PathLike) -> OutputError:
+    """One sentence for a failed write (one of :data:`WRITE_ERRORS`): the file the OS names,
+    else ``path``, and the reason (safetensors' ``I/O error: <reason> (os error N)`` too)."""
+    if isinstance(err, OSError):
+        return OutputError(f"cannot write {err.filename or path}: {err.strerror or err}")
+    found = re.search(r"I/O error: (.*?) \(os error \d+\)", str(err))
+    return OutputError(f"cannot write {path}: {found.group(1) if found else first_line(err)}")
 
 
 class ReportError(ValueError):
     """A run directory whose metrics cannot be summarised (``advpt.report``)."""
+
+
+class NonFiniteError(RuntimeError):
+    """An engine skipped too many non-finite steps in a row; the last good state was saved."""
 
 
 def shorten(value: object, limit: int = 80) -> str:
@@ -65,27 +83,3 @@ def first_line(error: BaseException | str, limit: int = 160) -> str:
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 3, 4, 4, 4
 _REPR.maxstring = _REPR.maxother = 60
-
-
-def debug_requested(argv: list[str] | None) -> bool:
-    """Whether ``--debug`` is among the arguments (known before they are parsed, which may fail)."""
-    return "--debug" in (sys.argv[1:] if argv is None else argv)
-
-
-def report(error: BaseException, code: int, debug: bool, this_rank_only: bool = False) -> int:
-    """Print ``error`` as ``advpt: error: <sentence>`` and return the exit ``code``.
-
-    Start-up errors happen alike on every rank, and the ranks of a running job agree on the
-    errors advpt raises there (a failed save, a refused resume, non-finite steps), so rank 0
-    alone prints (``RANK`` unset or 0, as the launcher sets it). An error met by this rank only
-    (``this_rank_only``: its share of the data turned unreadable mid-run) is printed by it,
-    naming the rank. With ``debug`` every rank prints, the traceback first.
-    """
-    rank = os.environ.get("RANK", "0")
-    if debug:
-        traceback.print_exception(error)
-    if this_rank_only and rank != "0":
-        print(f"advpt: error (rank {rank}): {error}", file=sys.stderr)
-    elif debug or rank == "0":
-        print(f"advpt: error: {error}", file=sys.stderr)
-    return code

@@ -32,8 +32,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from advpt.command import command
 from advpt.config import DEBUG_HELP
-from advpt.errors import EXIT_BAD_INPUT, CheckpointError, OutputError, cannot_write, report
+from advpt.errors import WRITE_ERRORS, CheckpointError, OutputError, cannot_write
 from advpt.models.encoder import Encoder, MaskedLanguageModel
 from advpt.models.exports import save_export
 from advpt.models.hf_esm import save_hf_esm
@@ -72,6 +73,7 @@ def write_export(model: Model, out_dir: Path, fmt: str) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     """Exit code 0, or 2 with one sentence: a source it cannot read, an output it cannot write."""
     parser = argparse.ArgumentParser(description="Export a pre-trained advpt, ESM-2 or TAPE model.")
@@ -83,18 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
     out_dir = Path(args.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputError(f"{out_dir} is a file, not a directory; choose another OUT_DIR")
+    if (out_dir / CONFIG_FILE).exists():
+        raise OutputError(f"{out_dir} already holds {CONFIG_FILE}; choose another OUT_DIR")
+    model = load_model(args.source)
     try:
-        if out_dir.exists() and not out_dir.is_dir():
-            raise OutputError(f"{out_dir} is a file, not a directory; choose another OUT_DIR")
-        if (out_dir / CONFIG_FILE).exists():
-            raise OutputError(f"{out_dir} already holds {CONFIG_FILE}; choose another OUT_DIR")
-        model = load_model(args.source)
-        try:
-            write_export(model, out_dir, args.format)
-        except OSError as err:
-            raise cannot_write(err, out_dir) from err
-    except (CheckpointError, OutputError) as exc:
-        return report(exc, EXIT_BAD_INPUT, args.debug)
+        write_export(model, out_dir, args.format)
+    except WRITE_ERRORS as err:
+        raise cannot_write(err, out_dir) from err
     size = sum(p.numel() for p in model.parameters())
     what = "masked LM" if isinstance(model, MaskedLanguageModel) else "encoder"
     print(f"wrote the {args.format} {what} ({size:,} parameters) to {out_dir}")

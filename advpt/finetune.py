@@ -38,19 +38,11 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from advpt.command import command, rank  # noqa: E402
 from advpt.config import FinetuneConfig, parse_finetune_config  # noqa: E402
 from advpt.data.batching import LengthBucketedBatches  # noqa: E402
 from advpt.data.tape_tasks import TaskSplit, collate, read_split  # noqa: E402
-from advpt.errors import (  # noqa: E402
-    EXIT_BAD_INPUT,
-    CheckpointError,
-    ConfigError,
-    DataError,
-    OutputError,
-    cannot_write,
-    debug_requested,
-    report,
-)
+from advpt.errors import WRITE_ERRORS, ConfigError, cannot_write  # noqa: E402
 from advpt.models import ENCODER_PRESETS, Encoder, MaskedLanguageModel  # noqa: E402
 from advpt.models.finetuned import save_task_model  # noqa: E402
 from advpt.models.heads import HeadConfig, TaskModel  # noqa: E402
@@ -159,7 +151,7 @@ class Finetuner:
         self.config = config
         self.device = device
         self.run_dir = Path(config.run_dir)
-        self.is_main = dist.get_rank() == 0
+        self.is_main = rank() == 0
         self.spec: TaskSpec = task_spec(config.task, config.ss_label)
         self.ds_config = resolve_ds_config(config, self.run_dir)
         torch.manual_seed(config.seed)
@@ -175,14 +167,14 @@ class Finetuner:
             )  # fmt: skip
             for name in self.spec.splits
         }
-        rank, world = dist.get_rank(), dist.get_world_size()
+        place, world = rank(), dist.get_world_size()
         micro = self.ds_config["train_micro_batch_size_per_gpu"]
         self.train_batches = LengthBucketedBatches(
-            self.splits[TRAIN].token_lengths, micro, rank=rank, world_size=world, seed=config.seed
+            self.splits[TRAIN].token_lengths, micro, rank=place, world_size=world, seed=config.seed
         )
         self.eval_batches = {
             name: LengthBucketedBatches(
-                split.token_lengths, micro, rank=rank, world_size=world, shuffle=False,
+                split.token_lengths, micro, rank=place, world_size=world, shuffle=False,
                 drop_last=False,
             ).epoch_batches(0)
             for name, split in self.splits.items()
@@ -295,7 +287,7 @@ def run_finetune(config: FinetuneConfig, device: torch.device) -> dict[str, Any]
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
             (run_dir / "ds_config.json").write_text(json.dumps(finetuner.ds_config, indent=2))
-        except OSError as err:
+        except WRITE_ERRORS as err:
             raise cannot_write(err, run_dir) from err
     results = finetuner.train()
     if finetuner.is_main:
@@ -304,7 +296,7 @@ def run_finetune(config: FinetuneConfig, device: torch.device) -> dict[str, Any]
                 task = {"task": results["task"], "label": results["label"]}
                 save_task_model(finetuner.engine.module, run_dir / MODEL_DIR, task)
             (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-        except OSError as err:
+        except WRITE_ERRORS as err:
             raise cannot_write(err, run_dir) from err
     return results
 
@@ -317,25 +309,22 @@ def _summary(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     """Exit code 0, or 2 with one sentence naming the input, setting or file that failed."""
-    debug = debug_requested(argv)
-    try:
-        config = parse_finetune_config(argv)
-        run_dir = Path(config.run_dir)
-        if run_dir.exists() and not run_dir.is_dir():
-            raise ConfigError(f"--run_dir {run_dir} is a file, not a directory")
-        if (run_dir / "results.json").exists():
-            raise ConfigError(
-                f"run directory {config.run_dir} already holds results; choose another --run_dir"
-            )
-        device = init_distributed()
-        results = run_finetune(config, device)
-    except (ConfigError, DataError, CheckpointError, OutputError) as exc:
-        return report(exc, EXIT_BAD_INPUT, debug)
-    if dist.get_rank() == 0:
+    config = parse_finetune_config(argv)
+    run_dir = Path(config.run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--run_dir {run_dir} is a file, not a directory")
+    if (run_dir / "results.json").exists():
+        raise ConfigError(
+            f"run directory {config.run_dir} already holds results; choose another --run_dir"
+        )
+    device = init_distributed()
+    results = run_finetune(config, device)
+    if rank() == 0:
         print(_summary(results))
-        print(f"results:         {Path(config.run_dir) / 'results.json'}")
+        print(f"results:         {run_dir / 'results.json'}")
     dist.barrier()
     dist.destroy_process_group()
     return 0

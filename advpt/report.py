@@ -12,10 +12,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from advpt.command import command
+from advpt.config import DEBUG_HELP
 from advpt.errors import ReportError
 from advpt.training.summary import COMPARISON, compare_runs, report_run
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Summarise advpt pre-training runs: wall time, throughput, validation "
@@ -26,15 +29,15 @@ def main(argv: list[str] | None = None) -> int:
         "--out", help=f"several runs: write {COMPARISON}.md and {COMPARISON}.png into this folder"
     )
     parser.add_argument("--no_plots", action="store_true", help="print the numbers only")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
     try:
         if len(args.run_dirs) == 1 and args.out is None:
             print(report_run(args.run_dirs[0], plots=not args.no_plots))
         else:
             print(compare_runs(args.run_dirs, args.out, plots=not args.no_plots))
-    except (ReportError, OSError) as exc:
-        print(f"advpt.report: error: {exc}", file=sys.stderr)
-        return 2
+    except OSError as err:  # the writes name their file themselves (OutputError)
+        raise ReportError(f"cannot read {err.filename}: {err.strerror or err}") from err
     return 0
 
 

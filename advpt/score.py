@@ -38,16 +38,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from advpt.command import command
 from advpt.config import DEBUG_HELP
 from advpt.errors import (
-    EXIT_BAD_INPUT,
-    CheckpointError,
     ConfigError,
     DataError,
-    OutputError,
     cannot_write,
     first_line,
-    report,
     shorten,
 )
 from advpt.inference import (
@@ -325,23 +322,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     """Exit code 0, or 2 with one sentence naming the bad input."""
     args = build_parser().parse_args(argv)
     out, mutations = Path(args.out), Path(args.mutations)
-    try:
-        refuse_existing(out, args.overwrite)
-        if args.tokens_per_batch < 1:
-            raise ConfigError("--tokens_per_batch must be positive")
-        device = pick_device(args.device)
-        sequence = check_sequence(args.sequence)
-        table = read_variants(mutations, sequence)
-        dms = measured(table, mutations)
-        model = load_for_inference(args.model, device, need_head=True)
-        scores = score_variants(model, sequence, table.variants, args.method, args.tokens_per_batch)
-        write_scores(table, scores, out)
-    except (CheckpointError, ConfigError, DataError, OutputError) as exc:
-        return report(exc, EXIT_BAD_INPUT, args.debug)
+    refuse_existing(out, args.overwrite)
+    if args.tokens_per_batch < 1:
+        raise ConfigError("--tokens_per_batch must be positive")
+    device = pick_device(args.device)
+    sequence = check_sequence(args.sequence)
+    table = read_variants(mutations, sequence)
+    dms = measured(table, mutations)
+    model = load_for_inference(args.model, device, need_head=True)
+    scores = score_variants(model, sequence, table.variants, args.method, args.tokens_per_batch)
+    write_scores(table, scores, out)
     print(f"scored {len(scores):,} variants ({args.method}) to {out}")
     if dms is not None:
         print(f"Spearman's rho against {MEASURED_COLUMN}: {spearman(scores, dms):.4f}")

@@ -15,49 +15,30 @@ if __package__ in (None, ""):
 
 import torch.distributed as dist  # noqa: E402
 
+from advpt.command import command  # noqa: E402
 from advpt.config import TrainConfig, parse_config  # noqa: E402
 from advpt.data.unigram import residue_counts, unigram_entropy  # noqa: E402
-from advpt.errors import (  # noqa: E402
-    EXIT_BAD_INPUT,
-    EXIT_NUMERICAL,
-    CheckpointError,
-    ConfigError,
-    DataError,
-    OutputError,
-    ReportError,
-    debug_requested,
-    report,
-)
+from advpt.errors import EXIT_STOPPED, ConfigError, OutputError, ReportError  # noqa: E402
 from advpt.training.build import build_trainer, init_distributed  # noqa: E402
 from advpt.training.checkpoint import checkpoint_tag  # noqa: E402
-from advpt.training.preemption import EXIT_STOPPED, StopSignals  # noqa: E402
+from advpt.training.preemption import StopSignals  # noqa: E402
 from advpt.training.summary import report_run  # noqa: E402
-from advpt.training.trainer import NonFiniteError, Trainer  # noqa: E402
+from advpt.training.trainer import Trainer  # noqa: E402
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     """Train; the exit code says how it ended (README, "Resuming, bad records and data safety").
 
     0: finished. 2: bad input, configuration, files or file system (one sentence says which).
     3: stopped on non-finite steps. 75: stopped by SIGTERM/SIGUSR1 after saving a checkpoint.
     """
-    debug = debug_requested(argv)
     with StopSignals() as stop_signals:
-        try:
-            config = parse_config(argv)
-            _check_run_dir(config)
-            device = init_distributed()
-            trainer = build_trainer(config, device, stop_signals)
-        except (ConfigError, DataError, CheckpointError) as exc:
-            return report(exc, EXIT_BAD_INPUT, debug)
-        try:
-            trainer.train()
-        except DataError as exc:  # this rank's share of the data turned unreadable mid-run
-            return report(exc, EXIT_BAD_INPUT, debug, this_rank_only=True)
-        except (ConfigError, CheckpointError, OutputError) as exc:
-            return report(exc, EXIT_BAD_INPUT, debug)
-        except NonFiniteError as exc:
-            return report(exc, EXIT_NUMERICAL, debug)
+        config = parse_config(argv)
+        _check_run_dir(config)
+        device = init_distributed()
+        trainer = build_trainer(config, device, stop_signals)
+        trainer.train()
         if trainer.is_main:
             _print_summary(trainer)
         # Every rank leaves together: the launcher ends the others when one exits.
@@ -91,7 +72,7 @@ def _print_summary(trainer: Trainer) -> None:
     entropy = unigram_entropy(residue_counts(view.dataset, view.selection, view.vocab))
     try:
         summary = report_run(run_dir, unigram=entropy)
-    except (ReportError, OSError) as exc:
+    except (ReportError, OutputError, OSError) as exc:
         summary = f"advpt: no summary of {run_dir}: {exc}"
     print(f"\n{summary}")
     print(f"  checkpoints      {run_dir / 'checkpoints'}")

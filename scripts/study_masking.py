@@ -40,6 +40,7 @@ import multiprocessing
 import os
 import shutil
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -50,7 +51,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from advpt.config import BUNDLED_PROTEOME, DataConfig, OptimConfig, TrainConfig, parse_config
+from advpt.command import command
+from advpt.config import (
+    BUNDLED_PROTEOME,
+    DEBUG_HELP,
+    DataConfig,
+    OptimConfig,
+    TrainConfig,
+    parse_config,
+)
 from advpt.data.collate import Batch, MaskingCollator
 from advpt.data.dataset import CroppedView
 from advpt.data.stream import ValidationBatches
@@ -563,7 +572,8 @@ mean ± std over the seeds:
     (args.out / "study.md").write_text(text)
 
 
-def main() -> None:
+@command
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="--size quick: seconds (tests)")
     parser.add_argument("--size", choices=list(SIZES), default="cpu", help="presets and budget")
@@ -574,7 +584,8 @@ def main() -> None:
     parser.add_argument("--data", default=BUNDLED_PROTEOME, help="training data (advpt --data)")
     parser.add_argument("--out", type=Path, default=REPO / "docs", help="report directory")
     parser.add_argument("--runs", type=Path, default=REPO / "runs" / "study", help="run dirs")
-    args = parser.parse_args()
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    args = parser.parse_args(argv)
     if args.quick:
         args.size = "quick"
     if BASELINE not in args.arms:
@@ -598,7 +609,8 @@ def main() -> None:
     write_report(summary, arms, size, args, name, load, minutes)
     (args.runs / "results.json").write_text(json.dumps(results))
     print(f"study: wrote {args.out / 'study.md'} ({minutes:.1f} min)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

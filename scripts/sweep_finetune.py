@@ -29,6 +29,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
+from advpt.command import command  # noqa: E402
+from advpt.config import DEBUG_HELP  # noqa: E402
+from advpt.errors import ConfigError  # noqa: E402
 from advpt.tasks import TASKS  # noqa: E402
 
 TASK_TITLES = {
@@ -47,8 +50,8 @@ SWEEP_FLAGS = ("--task", "--data_dir", "--pretrained", "--run_dir", "--lr", "--b
                "--weight_decay", "--seed")  # fmt: skip
 
 
-class SweepError(RuntimeError):
-    """A fine-tuning run failed or the sweep was asked for something it cannot do."""
+class SweepError(ConfigError):
+    """A fine-tuning run of the sweep failed (the sentence quotes its last line)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -70,6 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--launcher", default="", help='e.g. "deepspeed --num_gpus 8"; default: python -m'
     )
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     parser.add_argument("finetune_args", nargs="*", help="after --: flags for advpt.finetune")
     args = parser.parse_args(argv)
     encoders = {}
@@ -189,19 +193,16 @@ def markdown_table(results: dict[str, Any], encoders: list[str], seeds: int) -> 
     return "\n".join(lines) + "\n"
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     results: dict[str, Any] = {}
-    try:
-        for task in args.tasks:
-            results[task] = {}
-            for name, path in args.encoders.items():
-                print(f"[sweep] {task} / {name}", flush=True)
-                results[task][name] = sweep_one(args, task, name, path)
-    except SweepError as exc:
-        print(f"sweep: error: {exc}", file=sys.stderr)
-        return 2
+    for task in args.tasks:
+        results[task] = {}
+        for name, path in args.encoders.items():
+            print(f"[sweep] {task} / {name}", flush=True)
+            results[task][name] = sweep_one(args, task, name, path)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown_table(results, list(args.encoders), args.seeds)
     (out / "table.md").write_text(table)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ from advpt.data.sampling import AllRecords
 from advpt.data.stream import MicroBatches, stream_loader
 from advpt.errors import DataError
 from advpt.tokenizer import TAPE
-from tests.helpers import tiny_run_args, write_ds_config
+from tests.helpers import REPO, child_env, tiny_run_args, write_ds_config
 
 PROTEINS = ">p1 first\nMKTAYIAKQR\n>p2\nGGHH\n"
 
@@ -255,18 +257,19 @@ def _train(tmp_path: Path, *flags: str) -> int:
         ),
     ],
 )
-def test_bad_settings_are_one_sentence_on_rank_0_only(
-    tmp_path, capsys, monkeypatch, flags, expected
-):
+def test_bad_settings_are_one_sentence_on_rank_0_only(tmp_path, capsys, flags, expected):
     (tmp_path / "taken").write_text("")
     flags = [flag.format(file=tmp_path / "taken") for flag in flags]
     assert _train(tmp_path, *flags) == 2
     err = capsys.readouterr().err
     assert err.startswith("advpt: error: ") and expected in err
     assert err.count("\n") == 1 and len(err) < 400
-    monkeypatch.setenv("RANK", "1")  # what another rank of the job prints: nothing
-    assert _train(tmp_path, *flags) == 2
-    assert capsys.readouterr().err == ""
+    args = tiny_run_args(tmp_path, tmp_path / "run") + ["--num_workers", "0", *flags]
+    other = subprocess.run(  # what another rank of a launched job prints: nothing
+        [sys.executable, "-m", "advpt.train", *args], cwd=REPO,
+        env={**child_env(), "RANK": "1"}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert other.returncode == 2 and "advpt: error" not in other.stderr, other.stderr[-2000:]
     assert _train(tmp_path, *flags, "--debug") == 2  # every rank, with the traceback
     err = capsys.readouterr().err
     assert "Traceback" in err and expected in err.strip().splitlines()[-1]
@@ -281,11 +284,29 @@ def test_run_directory_that_cannot_be_created_is_one_sentence(tmp_path, capsys, 
     assert "Traceback" not in "\n".join(err)
 
 
-def test_an_error_of_one_rank_is_printed_by_that_rank(capsys, monkeypatch):
-    from advpt.errors import report
+# A command failing on rank 1 of a launched job, before its process group exists.
+RANK_ONE = """
+import sys
+from advpt.command import command
+from advpt.errors import DataError
 
-    monkeypatch.setenv("RANK", "1")
-    assert report(DataError("cannot read x.fasta: I/O error"), 2, debug=False) == 2
-    assert capsys.readouterr().err == ""  # every rank has it: rank 0 prints it
-    report(DataError("cannot read x.fasta: I/O error"), 2, debug=False, this_rank_only=True)
-    assert capsys.readouterr().err == "advpt: error (rank 1): cannot read x.fasta: I/O error\n"
+@command
+def main(argv):
+    error = DataError("cannot read x.fasta: I/O error")
+    error.this_rank_only = argv == ["mine"]  # as the training stream marks its data errors
+    raise error
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("whose", "printed"),
+    [("every rank's", ""), ("mine", "advpt: error (rank 1): cannot read x.fasta: I/O error\n")],
+)
+def test_an_error_of_one_rank_is_printed_by_that_rank(whose, printed):
+    env = {**child_env(), "RANK": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", RANK_ONE, whose], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and done.stderr == printed  # every rank has it: rank 0 prints

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from advpt.training.preemption import EXIT_STOPPED
+from advpt.errors import EXIT_STOPPED
 from tests.helpers import (
     REPO,
     child_env,

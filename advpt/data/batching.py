@@ -31,12 +31,16 @@ def padding_fraction(lengths_of_batch: Sequence[int]) -> float:
 class Lengths(Protocol):
     """Items whose token lengths may change by epoch (crops, cluster members)."""
 
+    unit: str  # what an item is, in messages: "records" or "clusters"
+
     def __len__(self) -> int: ...
 
     def token_lengths(self, items: np.ndarray, epoch: int) -> np.ndarray: ...
 
 
 class _FixedLengths:
+    unit = "records"
+
     def __init__(self, lengths: np.ndarray):
         self.lengths = np.asarray(lengths)
 
@@ -89,9 +93,11 @@ class LengthBucketedBatches:
         self.num_batches = n // batch_size if drop_last else -(-n // batch_size)
         self._sorted: np.ndarray | None = None  # the unshuffled order, made on first use
         if drop_last and self.batches_per_epoch() == 0:
+            unit = self.items.unit
             raise DataError(
-                f"the dataset of {n} records is too small for batch size {batch_size} x world "
-                f"size {world_size}; it needs at least {batch_size * world_size} records"
+                f"the dataset of {n} {unit[:-1] if n == 1 else unit} is too small for batch size "
+                f"{batch_size} x world size {world_size}; it needs at least "
+                f"{batch_size * world_size} {unit}"
             )
 
     def batches_per_epoch(self) -> int:

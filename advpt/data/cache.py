@@ -26,7 +26,7 @@ from pathlib import Path
 from advpt.data.bundled import resolve_data_path
 from advpt.data.prepare import expand_inputs, prepare, source_entry
 from advpt.data.prepared import VERSION, ProteinDataset, is_prepared, read_manifest
-from advpt.errors import DataError
+from advpt.errors import DataError, OutputError
 
 CACHE_ENV = "ADVPT_DATA_CACHE"
 
@@ -117,9 +117,9 @@ def on_one_rank(work: Callable[[], None], ready: Callable[[], bool]) -> None:
     """Run ``work`` on one rank while the others wait, until every rank sees ``ready()``.
 
     Global rank 0 works first. If some ranks still do not see the result (a cache on a
-    node-local disk), the local rank 0 of each such node does the work too. A ``DataError`` on a
-    working rank is raised on every rank, so all of them stop with the same sentence. Without an
-    initialised process group, ``work`` simply runs here.
+    node-local disk), the local rank 0 of each such node does the work too. A ``DataError`` or
+    ``OutputError`` (a full cache disk) on a working rank is raised on every rank, so all of them
+    stop with the same sentence. Without an initialised process group, ``work`` simply runs here.
     """
     import torch.distributed as dist
 
@@ -141,10 +141,10 @@ def _work_where(work: Callable[[], None], here: bool) -> None:
     if here:
         try:
             work()
-        except DataError as err:
-            error = str(err)
-    errors: list[str | None] = [None] * dist.get_world_size()
+        except (DataError, OutputError) as err:  # bad input, or a cache that cannot be written
+            error = err
+    errors: list[DataError | OutputError | None] = [None] * dist.get_world_size()
     dist.all_gather_object(errors, error)
     first = next((e for e in errors if e), None)
     if first:
-        raise DataError(first)
+        raise first

@@ -36,7 +36,13 @@ from advpt.data.cache import cache_root
 from advpt.data.keyed import hash_strings
 from advpt.data.prepare import building, source_entry
 from advpt.data.prepared import MANIFEST, Mapped, MappedArray, ProteinDataset
-from advpt.data.readers import PARQUET_SUFFIXES, flat_strings, open_parquet
+from advpt.data.readers import (
+    PARQUET_SUFFIXES,
+    as_text,
+    flat_strings,
+    open_parquet,
+    parquet_batches,
+)
 from advpt.errors import DataError, shorten
 
 INDEX_FORMAT = "advpt cluster index"
@@ -104,14 +110,20 @@ def _parquet_pairs(path: Path) -> Iterator[tuple[Strings, Strings]]:
             f"{path} needs the columns member_id and cluster_id (or ur90_id and ur50_id); it has "
             f"{', '.join(names)}"
         )
-    for batch in file.iter_batches(batch_size=1 << 20, columns=list(columns)):
-        yield flat_strings(pa, batch.column(0)), flat_strings(pa, batch.column(1))
+    for batch in parquet_batches(pa, file, path, list(columns), rows=1 << 20):
+        members, clusters = (as_text(pa, batch.column(i), path, columns[i]) for i in (0, 1))
+        yield flat_strings(pa, members), flat_strings(pa, clusters)
+
+
+def _check_is_file(path: Path) -> None:
+    if not path.is_file():
+        what = "is not a file" if path.exists() else "does not exist"
+        raise DataError(f"clusters file {path} {what}")
 
 
 def mapping_pairs(path: Path) -> Iterator[tuple[Strings, Strings]]:
     """(member ids, cluster ids) of a mapping file, in blocks of flat byte strings."""
-    if not path.is_file():
-        raise DataError(f"clusters file {path} does not exist")
+    _check_is_file(path)
     if path.name.lower().endswith(PARQUET_SUFFIXES):
         return _parquet_pairs(path)
     return _tsv_pairs(path)
@@ -217,8 +229,7 @@ class ClusterSource:
 
     def __init__(self, dataset: ProteinDataset, mapping: str | os.PathLike, cache: str = ""):
         self.dataset, self.mapping = dataset, Path(mapping)
-        if not self.mapping.is_file():
-            raise DataError(f"clusters file {self.mapping} does not exist")
+        _check_is_file(self.mapping)
         key = json.dumps([str(dataset.directory.resolve()), str(self.mapping.resolve())])
         self.directory = (
             cache_root(cache) / f"clusters-{hashlib.sha256(key.encode()).hexdigest()[:16]}"

@@ -47,6 +47,10 @@ class CroppedView:
         self.seed = seed
         self.vocab = vocab
 
+    @property
+    def unit(self) -> str:
+        return self.selection.unit
+
     def __len__(self) -> int:
         return len(self.selection)
 

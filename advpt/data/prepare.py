@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from advpt.command import command, stopping_on_signals
+from advpt.config import DEBUG_HELP
 from advpt.data.bundled import resolve_data_path
 from advpt.data.prepared import ENCODING, FILES, FORMAT, MANIFEST, VERSION, is_prepared
 from advpt.data.readers import (
@@ -48,7 +50,7 @@ from advpt.data.readers import (
     input_size,
     read_blocks,
 )
-from advpt.errors import DataError, shorten
+from advpt.errors import DataError, OutputError, shorten
 from advpt.tokenizer import UNKNOWN_CODE, invalid_residue_message, residue_codes
 
 log = logging.getLogger(__name__)
@@ -397,31 +399,36 @@ def prepare(
     workers = workers or len(os.sched_getaffinity(0))
     if len(pieces) == 1 or total <= piece_bytes:
         workers = 1  # not worth starting processes
-    with building(out) as tmp:
-        # disable=None: the bar is drawn on a terminal only; a log file gets no \r-lines.
-        with tqdm(
-            total=total, unit="B", unit_scale=True, desc="preparing",
-            disable=None if progress else True, mininterval=1.0, file=sys.stderr,
-        ) as bar:  # fmt: skip
-            pieces_done = _run_pieces(pieces, tmp, unknown_to_unk, skip_bad_records, workers, bar)
-            results = _join(pieces_done, tmp)
-        _log_skipped(results)
-        records = sum(r.records for r in results)
-        if records == 0:
-            raise DataError(f"dataset {', '.join(inputs)} holds no usable records")
-        manifest = {
-            "format": FORMAT,
-            "version": VERSION,
-            "encoding": ENCODING,
-            "records": records,
-            "residues": sum(r.residues for r in results),
-            "skipped_records": sum(r.skipped for r in results),
-            "unknown_to_unk": unknown_to_unk,
-            "skip_bad_records": skip_bad_records,
-            "sources": sources,
-            "files": {name: (tmp / name).stat().st_size for name in FILES},
-        }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    try:
+        with building(out) as tmp:
+            # disable=None: the bar is drawn on a terminal only; a log file gets no \r-lines.
+            with tqdm(
+                total=total, unit="B", unit_scale=True, desc="preparing",
+                disable=None if progress else True, mininterval=1.0, file=sys.stderr,
+            ) as bar:  # fmt: skip
+                done = _run_pieces(pieces, tmp, unknown_to_unk, skip_bad_records, workers, bar)
+                results = _join(done, tmp)
+            _log_skipped(results)
+            records = sum(r.records for r in results)
+            if records == 0:
+                raise DataError(f"dataset {', '.join(inputs)} holds no usable records")
+            manifest = {
+                "format": FORMAT,
+                "version": VERSION,
+                "encoding": ENCODING,
+                "records": records,
+                "residues": sum(r.residues for r in results),
+                "skipped_records": sum(r.skipped for r in results),
+                "unknown_to_unk": unknown_to_unk,
+                "skip_bad_records": skip_bad_records,
+                "sources": sources,
+                "files": {name: (tmp / name).stat().st_size for name in FILES},
+            }
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    except OSError as err:  # reading errors are DataErrors: this is a write
+        raise OutputError(
+            f"cannot write the prepared dataset {out}: {err.strerror or err}"
+        ) from err
     return manifest
 
 
@@ -441,6 +448,7 @@ def _log_skipped(results: list[PieceResult]) -> None:
 # ----------------------------------------------------------------------------- command line
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m advpt.data.prepare",
@@ -460,16 +468,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workers", type=int, default=0, help="processes preparing in parallel (0: one per core)"
     )
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     start = time.perf_counter()
-    try:
+    with stopping_on_signals():  # a stopped preparation removes its temporary directory
         manifest = prepare(
             args.inputs, args.out, args.unknown_to_unk, args.skip_bad_records, args.workers
         )
-    except DataError as err:
-        print(f"advpt: error: {err}", file=sys.stderr)
-        return 2
     seconds = time.perf_counter() - start
     size = sum(s["size"] for s in manifest["sources"])
     print(

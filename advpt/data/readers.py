@@ -405,6 +405,8 @@ def read_tape_json(path: str | os.PathLike) -> list[dict[str, Any]]:
         raise read_error(path, err) from err
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"{path} is not valid JSON ({err})") from err
+    except RecursionError:
+        raise DataError(f"{path} nests its JSON too deeply to be a list of records") from None
     if not isinstance(records, list):
         raise DataError(f"{path} must hold a JSON list of records, not a {type(records).__name__}")
     return records
@@ -496,16 +498,21 @@ def parquet_blocks(path: Path) -> Iterator[Block]:
     an id column records are named ``#<row>``. Only the needed columns are read.
     """
     pa, file = open_parquet(path)
-    columns = file.schema_arrow.names
-    if "sequence" not in columns:
-        raise DataError(f"{path} has no 'sequence' column (its columns: {', '.join(columns)})")
-    id_column = next((c for c in PARQUET_ID_COLUMNS if c in columns), None)
+    schema = file.schema_arrow
+    if "sequence" not in schema.names:
+        raise DataError(f"{path} has no 'sequence' column (its columns: {', '.join(schema.names)})")
+    if not _is_text(pa, schema.field("sequence").type):
+        raise DataError(
+            f"{path}: column 'sequence' holds {schema.field('sequence').type}, not strings of "
+            "residues"
+        )
+    id_column = next((c for c in PARQUET_ID_COLUMNS if c in schema.names), None)
     wanted = ["sequence"] + ([id_column] if id_column else [])
     rows, total, size = 0, max(1, file.metadata.num_rows), input_size(path)
-    for batch in file.iter_batches(batch_size=PARQUET_ROWS_PER_BLOCK, columns=wanted):
+    for batch in parquet_batches(pa, file, path, wanted):
         residues, lengths = flat_strings(pa, batch.column(0))
         if id_column:
-            names, name_lengths = flat_strings(pa, batch.column(1))
+            names, name_lengths = flat_strings(pa, as_text(pa, batch.column(1), path, id_column))
         else:
             label = [f"#{i}".encode() for i in range(rows, rows + batch.num_rows)]
             names = np.frombuffer(b"".join(label), np.uint8)
@@ -513,6 +520,38 @@ def parquet_blocks(path: Path) -> Iterator[Block]:
         consumed = size * (rows + batch.num_rows) // total - size * rows // total
         rows += batch.num_rows
         yield Block(residues, lengths, names, name_lengths, consumed)
+
+
+def _is_text(pa: Any, kind: Any) -> bool:
+    """Whether a column of type ``kind`` holds strings or bytes (or only nulls)."""
+    checks = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary)
+    return any(check(kind) for check in (*checks, pa.types.is_large_binary, pa.types.is_null))
+
+
+def as_text(pa: Any, column: Any, path: Path, name: str) -> Any:
+    """An id column as text: strings as they are, numbers (integer ids) written out."""
+    if _is_text(pa, column.type):
+        return column
+    try:
+        return column.cast(pa.large_string())
+    except pa.ArrowException:
+        kind = column.type
+        raise DataError(f"{path}: column '{name}' holds {kind}, not names or numbers") from None
+
+
+def parquet_batches(
+    pa: Any, file: Any, path: Path, columns: list[str], rows: int = PARQUET_ROWS_PER_BLOCK
+) -> Iterator[Any]:
+    """The file's record batches of ``columns``; a damaged page is one sentence."""
+    batches = file.iter_batches(batch_size=rows, columns=columns)
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as err:
+            raise DataError(f"cannot read {path}: {first_line(err)}") from None
+        if batch is None:
+            return
+        yield batch
 
 
 # ----------------------------------------------------------------------------- any input

@@ -33,6 +33,8 @@ SPLIT, MEMBER, SAMPLE = 1, 2, 3
 class Selection(Protocol):
     """Items, and the record each stands for in an epoch."""
 
+    unit: str  # what an item is, in messages: "records" or "clusters"
+
     def __len__(self) -> int: ...
 
     def records(self, items: np.ndarray, epoch: int) -> np.ndarray:
@@ -43,6 +45,8 @@ class Selection(Protocol):
 @dataclass(frozen=True)
 class AllRecords:
     """Every record, item ``i`` being record ``i``."""
+
+    unit = "records"
 
     count: int
 
@@ -56,6 +60,8 @@ class AllRecords:
 @dataclass(frozen=True)
 class ShuffledRecords:
     """Positions ``start .. start + count - 1`` of a seeded permutation of the records."""
+
+    unit = "records"
 
     permutation: Permutation
     start: int
@@ -71,6 +77,8 @@ class ShuffledRecords:
 @dataclass(frozen=True)
 class Members:
     """``count`` consecutive entries of the members array from ``start``, wrapping around."""
+
+    unit = "records"
 
     clusters: ClusterIndex
     start: int
@@ -91,6 +99,8 @@ class Clusters:
     The member of cluster ``c`` in ``epoch`` is drawn from ``hash(seed, epoch, c)``: a pure
     function, so resuming, sharding and prefetching never change it.
     """
+
+    unit = "clusters"
 
     clusters: ClusterIndex
     start: int
@@ -113,6 +123,10 @@ class Subset:
 
     selection: Selection
     positions: np.ndarray
+
+    @property
+    def unit(self) -> str:
+        return self.selection.unit
 
     def __len__(self) -> int:
         return len(self.positions)

@@ -15,7 +15,7 @@ trainer sees. A single rank's stream is the same as before the stream became glo
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -97,7 +97,7 @@ def stream_loader(
     start: int,
     num_workers: int,
     worker_init_fn: Callable[[int], None] | None = None,
-) -> Iterator[Batch]:
+) -> Generator[Batch, None, None]:
     """This rank's endless micro-batches once the job has consumed ``start`` of them (the
     global count); ``num_workers`` processes prefetch."""
     loader = DataLoader(
@@ -112,10 +112,18 @@ def stream_loader(
         # run restores from its checkpoint (dropout and Gumbel noise use it).
         generator=torch.Generator(),
     )
-    for batch in loader:
-        if isinstance(batch, DataError):
-            raise batch
-        yield batch
+    batches = iter(loader)
+    try:
+        for batch in batches:
+            if isinstance(batch, DataError):
+                batch.this_rank_only = True  # the other ranks' shares may read well
+                raise batch
+            yield batch
+    finally:
+        # Shut the workers down now, not when the garbage collector meets the iterator: they
+        # ignore SIGTERM (advpt.training.preemption), so at exit multiprocessing would wait
+        # for them forever.
+        del batches
 
 
 class ValidationBatches:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +29,22 @@ from advpt.errors import ConfigError, first_line
 
 # The batch settings of a DeepSpeed JSON; a noiser JSON that states none follows the encoder's.
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def _check_optimizer_numbers(config: dict[str, Any], path: str) -> None:
+    """The optimizer's numbers (lr, betas, eps, weight_decay) are finite and not negative; JSON
+    as Python reads it admits NaN and Infinity, and the optimizer would refuse them later."""
+    optimizer = config.get("optimizer")
+    params = optimizer.get("params", {}) if isinstance(optimizer, dict) else {}
+    for key, value in params.items() if isinstance(params, dict) else ():
+        for number in value if isinstance(value, list) else [value]:
+            if isinstance(number, bool) or not isinstance(number, (int, float)):
+                continue
+            if not (math.isfinite(number) and number >= 0):
+                raise ConfigError(
+                    f"DeepSpeed config {path}: optimizer.params.{key} must be a finite number "
+                    f"of at least 0, not {first_line(json.dumps(value), 60)}"
+                )
 
 
 def load_ds_config(
@@ -83,6 +100,7 @@ def load_ds_config(
                 f"DeepSpeed config {path}: {key} must be a positive integer, not "
                 f"{first_line(json.dumps(value), 60)}"
             )
+    _check_optimizer_numbers(config, path)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if global_batch is not None or micro_batch is not None or fit_micro:
         _fix_global_batch(config, path, world, global_batch, fit_micro)

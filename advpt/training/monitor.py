@@ -248,6 +248,7 @@ class MetricsWriter:
         self.jsonl_path = run_dir / "metrics.jsonl"
         self.started = time.time()
         self.trackers: list[Tracker] = []
+        self.failed = False  # a write failed and was raised as its sentence
         if not enabled:
             return
         try:
@@ -288,17 +289,29 @@ class MetricsWriter:
             self.jsonl.write(json.dumps(record) + "\n")
             self.jsonl.flush()
         except OSError as err:
+            self.failed = True
             raise cannot_write(err, self.jsonl_path) from err
         scalars = _scalars(record)
         x = record.get("encoder_step", step)
         for tracker in self.trackers:
-            tracker.log(scalars, x)
+            try:
+                tracker.log(scalars, x)
+            except OSError as err:  # TensorBoard's is raised by its writer thread, naming no file
+                self.failed = True
+                raise cannot_write(err, tracker.path) from err
 
     def close(self) -> None:
-        if self.enabled:
+        """Close every file. After a failed write what they still hold cannot be written
+        either; that failure was raised already, so closing then drops it quietly."""
+        if not self.enabled:
+            return
+        try:
             self.jsonl.close()
             for tracker in self.trackers:
                 tracker.close()
+        except OSError as err:
+            if not self.failed:
+                raise cannot_write(err, self.jsonl_path.parent) from err
 
 
 def _scalars(record: dict[str, Any]) -> dict[str, float]:

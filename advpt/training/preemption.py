@@ -4,8 +4,8 @@ Slurm and Kubernetes send SIGTERM some time before they kill a job; Slurm's ``--
 SIGUSR1 (or another signal) a chosen time ahead. Inside :class:`StopSignals` either signal only
 sets a flag. The training loop asks :meth:`StopSignals.agreed` once per optimizer step; when any
 rank has received a signal, every rank stops after that same step, saves a checkpoint and the
-run exits with :data:`EXIT_STOPPED`, so ``--resume`` continues exactly and at most the step in
-progress is redone, never lost.
+run exits with ``advpt.errors.EXIT_STOPPED``, so ``--resume`` continues exactly and at most the
+step in progress is redone, never lost.
 
 The signal may reach only one rank (a node's share of a job, or a signal sent by hand), so the
 ranks agree through a one-integer all-reduce on the host (``advpt.training.ranks``): one small
@@ -25,8 +25,6 @@ from typing import Any
 from advpt.training import ranks
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-# sysexits.h EX_TEMPFAIL, "try again later": a checkpoint is saved, continue with --resume.
-EXIT_STOPPED = 75
 
 
 class StopSignals:

@@ -8,11 +8,13 @@ still in progress too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from advpt.errors import cannot_write
 from advpt.training.plots import plot_comparison, plot_run
 from advpt.training.run_metrics import Run, load_run
 
@@ -186,9 +188,19 @@ def report_run(run_dir: str | Path, plots: bool = True, unigram: float | None = 
     run = load_run(run_dir)
     text = format_summary(summarize(run), unigram)
     if plots:
-        written = plot_run(run, run.path / RUN_PLOT)
+        written = _written(plot_run, run, run.path / RUN_PLOT)
         text += f"\n  plots            {written}" if written else f"\n  ({PLOTS_HINT})"
     return text
+
+
+def _written(plot: Callable[..., Path | None], *args: Any) -> Path | None:
+    """``plot(*args, out)``; a file system that refuses the picture is one sentence naming it,
+    and no part of the picture is left."""
+    try:
+        return plot(*args)
+    except OSError as err:
+        Path(args[-1]).unlink(missing_ok=True)
+        raise cannot_write(err, args[-1]) from err
 
 
 def compare_runs(run_dirs: list[str], out: str | None, plots: bool = True) -> str:
@@ -201,10 +213,13 @@ def compare_runs(run_dirs: list[str], out: str | None, plots: bool = True) -> st
     if out is None:
         return table + f"\n\n(pass --out DIR to write {COMPARISON}.md and {COMPARISON}.png)"
     folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{COMPARISON}.md").write_text(table + "\n")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{COMPARISON}.md").write_text(table + "\n")
+    except OSError as err:
+        raise cannot_write(err, folder) from err
     text = table + f"\n\ntable: {folder / f'{COMPARISON}.md'}"
     if plots:
-        written = plot_comparison(runs, names, folder / f"{COMPARISON}.png")
+        written = _written(plot_comparison, runs, names, folder / f"{COMPARISON}.png")
         text += f"\nplot:  {written}" if written else f"\n({PLOTS_HINT})"
     return text

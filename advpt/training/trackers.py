@@ -20,6 +20,8 @@ import importlib
 import json
 import os
 import secrets
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -48,6 +50,8 @@ def check_available(names: list[str]) -> None:
 
 
 class Tracker(Protocol):
+    path: Path  # what a failed write names
+
     def log(self, scalars: dict[str, float], step: int) -> None:
         """``scalars`` (flat names such as ``loss/encoder_loss``) at x = ``step``."""
 
@@ -62,7 +66,9 @@ class TensorBoard:
 
         # Scalars at the checkpoint's own step were logged before it was saved: keep them.
         purge = None if resume_step is None else resume_step + 1
-        self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge)
+        self.path = run_dir / "tensorboard"
+        _quiet_board_threads()
+        self.writer = SummaryWriter(str(self.path), purge_step=purge)
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         for tag, value in scalars.items():
@@ -71,6 +77,24 @@ class TensorBoard:
 
     def close(self) -> None:
         self.writer.close()
+
+
+_shown_by: Callable[[threading.ExceptHookArgs], object] = threading.excepthook
+
+
+def _quiet_board_threads() -> None:
+    """TensorBoard writes from a thread of its own, and a write it fails (a full disk) reaches
+    :meth:`TensorBoard.log` at the next flush, to be raised as one sentence: from now on that
+    thread's own traceback is not printed. Any other thread's exception is shown as before."""
+    global _shown_by
+    if threading.excepthook is not _unless_board_write:
+        _shown_by, threading.excepthook = threading.excepthook, _unless_board_write
+
+
+def _unless_board_write(args: threading.ExceptHookArgs) -> None:
+    board = type(args.thread).__module__.startswith("tensorboard.")
+    if not (board and isinstance(args.exc_value, OSError)):
+        _shown_by(args)
 
 
 class Csv:
@@ -116,6 +140,7 @@ class WandB:
             project=os.environ.get("WANDB_PROJECT", project), id=ids["wandb"], resume="allow",
             dir=str(run_dir), name=run_dir.name, config=config,
         )  # fmt: skip
+        self.path = run_dir / "wandb"
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
 
@@ -134,7 +159,7 @@ class MLflow:
         if "MLFLOW_TRACKING_URI" not in os.environ:
             mlflow.set_tracking_uri(f"sqlite:///{(run_dir / 'mlflow.db').resolve()}")
         mlflow.set_experiment(project)
-        self.mlflow = mlflow
+        self.mlflow, self.path = mlflow, run_dir
         run = mlflow.start_run(run_id=ids.get("mlflow"), run_name=run_dir.name)
         if "mlflow" not in ids:
             mlflow.log_params(_flat(config))

@@ -45,16 +45,15 @@ from torch import nn
 from advpt.config import TrainConfig
 from advpt.data.collate import Batch
 from advpt.data.stream import MicroBatches, ValidationBatches, stream_loader
-from advpt.errors import CheckpointError, cannot_write
+from advpt.errors import CheckpointError, NonFiniteError, cannot_write
 from advpt.models.encoder import MLMOutput, preset_of
-from advpt.training import checkpoint
+from advpt.training import checkpoint, ranks
 from advpt.training.engines import check_global_batch, current_lr
 from advpt.training.monitor import MetricsAccumulator, MetricsWriter, check_collapse
 from advpt.training.objective import AdversarialObjective, masked_lm
 from advpt.training.phases import PHASES
 from advpt.training.preemption import StopSignals, ignore_in_worker
 from advpt.training.progress import Progress
-from advpt.training.ranks import rank
 from advpt.training.schedule import (
     JOINT,
     RANDOM,
@@ -64,10 +63,6 @@ from advpt.training.schedule import (
     make_schedule,
     random_only_steps,
 )
-
-
-class NonFiniteError(RuntimeError):
-    """An engine skipped too many non-finite steps in a row; the last good state was saved."""
 
 
 @dataclass
@@ -116,7 +111,7 @@ class Trainer:
         )
         self.counters = Counters()
         self.base_batch = {name: e.train_batch_size() for name, e in self.engines.items()}
-        self.is_main = rank() == 0
+        self.is_main = ranks.rank() == 0
         self.vocab = encoder_engine.module.encoder.cfg.vocabulary  # the encoder's ids, all along
         self.objective = AdversarialObjective(
             config.masking, config.importance, config.method.reversal_scale, self.vocab
@@ -181,6 +176,7 @@ class Trainer:
             while self.counters.encoder_step < stop_at and not self.stopped_by:
                 last = self._train_step(data, writer, progress, stop_at) or last
         finally:
+            data.close()  # its DataLoader workers stop now, also when training failed
             progress.close()
             writer.close()
         return last

@@ -1,0 +1,145 @@
+"""How every command ends: one sentence for what went wrong, one exit code for each outcome.
+
+Each entry point (``advpt.train``, ``advpt.finetune``, ``advpt.export``, ``advpt.report``,
+``advpt.data.prepare`` and the scripts that read user input) is a ``main(argv) -> int``
+decorated with :func:`command`, which turns advpt's errors (``advpt.errors``) into
+``advpt: error: <sentence>`` on standard error and the exit code of their kind::
+
+    0   done
+    2   bad input, configuration, files or file system (EXIT_BAD_INPUT)
+    3   training stopped on non-finite steps; the last good state is saved (EXIT_NUMERICAL)
+    75  stopped by a signal: ``--resume`` continues a run, a preparation can simply be run again
+    130 interrupted (Ctrl-C) outside a stop-signal handler
+
+A write that fails on rank 0 only (metrics, TensorBoard events) ends that rank; the others learn
+it when their next collective loses its peer, and end with a line saying so, within seconds.
+
+Anything else is a bug and keeps its traceback; ``--debug`` shows the traceback of an advpt
+error too. Rank 0 alone prints (:func:`rank`), unless the error was met by one rank only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from types import FrameType
+
+from advpt.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_NUMERICAL,
+    EXIT_STOPPED,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    NonFiniteError,
+    OutputError,
+    ReportError,
+)
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command ended by Ctrl-C
+
+BAD_INPUT = (ConfigError, DataError, CheckpointError, OutputError, ReportError)
+# Failures only a write meets: a full file system, a quota, a file size limit, a read-only mount.
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+Main = Callable[[list[str] | None], int]
+
+# A collective whose peer process has exited (gloo's words): another rank ended the job, and
+# that rank's output says why; this one says only that, without a traceback.
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+ANOTHER_RANK = "another rank ended the job (a collective lost its peer); its message says why"
+
+
+def rank() -> int:
+    """This process's rank: its process group's, or before that exists the ``RANK`` the
+    launcher set (0 without a launcher). The one answer every printing decision uses."""
+    dist = sys.modules.get("torch.distributed")  # not imported: no process group either
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def debug_requested(argv: list[str] | None) -> bool:
+    """Whether ``--debug`` is among the arguments (known before they are parsed, which may fail)."""
+    return "--debug" in (sys.argv[1:] if argv is None else argv)
+
+
+def report(error: BaseException, code: int, debug: bool, this_rank_only: bool = False) -> int:
+    """Print ``error`` as ``advpt: error: <sentence>`` and return the exit ``code``.
+
+    Start-up errors happen alike on every rank, and the ranks of a running job agree on the
+    errors advpt raises there (a failed save, a refused resume, non-finite steps), so rank 0
+    alone prints. An error met by this rank only (``this_rank_only``: its share of the data
+    turned unreadable mid-run) is printed by it, naming the rank. With ``debug`` every rank
+    prints, the traceback first.
+    """
+    this = rank()
+    if debug:
+        traceback.print_exception(error)
+    if this_rank_only and this != 0:
+        print(f"advpt: error (rank {this}): {error}", file=sys.stderr)
+    elif debug or this == 0:
+        print(f"advpt: error: {error}", file=sys.stderr)
+    return code
+
+
+class Stopped(Exception):
+    """A stop signal ended a command that keeps none of its unfinished work."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}; nothing was kept")
+
+
+@contextlib.contextmanager
+def stopping_on_signals() -> Iterator[None]:
+    """While entered, SIGTERM, SIGINT and SIGUSR1 raise :class:`Stopped`, so that the ``finally``
+    blocks of the work in progress remove what it had half-written before the process exits;
+    signals after the first are ignored, so that nothing interrupts that cleaning up."""
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        for sig in signals:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def command(main: Main) -> Main:
+    """``main(argv) -> exit code``, with advpt's errors reported as one sentence (see above)."""
+
+    @functools.wraps(main)
+    def run(argv: list[str] | None = None) -> int:
+        debug = debug_requested(argv)
+        try:
+            return main(argv)
+        except BAD_INPUT as exc:
+            return report(exc, EXIT_BAD_INPUT, debug, getattr(exc, "this_rank_only", False))
+        except NonFiniteError as exc:
+            return report(exc, EXIT_NUMERICAL, debug)
+        except Stopped as exc:
+            return report(exc, EXIT_STOPPED, debug)
+        except KeyboardInterrupt as exc:
+            return report(exc.__class__("interrupted"), EXIT_INTERRUPTED, debug)
+        except RuntimeError as exc:
+            if not any(gone in str(exc) for gone in PEER_GONE):
+                raise
+            return report(OutputError(ANOTHER_RANK), EXIT_BAD_INPUT, debug, this_rank_only=True)
+        except OSError as exc:  # a write no more specific sentence caught
+            if exc.errno not in WRITE_ERRNOS:
+                raise
+            failed = f"cannot write {exc.filename}" if exc.filename else "a write failed"
+            return report(OutputError(f"{failed}: {exc.strerror}"), EXIT_BAD_INPUT, debug)
+
+    return run
