@@ -131,7 +131,9 @@ def fasta_record_starts(path: Path, every: int) -> list[int]:
     """Byte offsets that cut plain FASTA file ``path`` into pieces of about ``every`` bytes.
 
     Each offset but the first (0) is that of a ``>`` opening a line, so every piece holds whole
-    records and pieces can be read in parallel. The file size closes the list.
+    records and pieces can be read in parallel. The file size closes the list. Only ``\n>`` is
+    looked for: a file with lone-``\r`` line endings (old Mac OS; such files are small) is one
+    piece, read by one process.
     """
     size = path.stat().st_size
     starts = [0]
@@ -230,13 +232,13 @@ def fasta_blocks(path: Path, start: int = 0, stop: int | None = None) -> Iterato
     """The records of FASTA file ``path`` (plain or ``.gz``) in blocks of a few megabytes.
 
     A plain file may be read from ``start`` to ``stop`` only, offsets that
-    :func:`fasta_record_starts` chose. Blocks are cut just before a header, so each holds whole
-    records; one record longer than a block is gathered over as many reads as it needs (so is a
-    whole file with lone-``\r`` line endings: they come from old Macs, and are small). CRLF and
-    lone CR line endings, a UTF-8 byte-order mark, blank lines and whitespace inside sequence
-    lines are tolerated. A file that cannot be read or decompressed (a truncated ``.gz``, one
-    that is not gzip at all, UTF-16 text) raises ``DataError`` naming it. A block's ``consumed``
-    counts bytes of the file as stored (compressed, for gzip).
+    :func:`fasta_record_starts` chose. Blocks are cut just before a header (a ``>`` after ``\n``
+    or a lone ``\r``), so each holds whole records; one record longer than a block is gathered
+    over as many reads as it needs. CRLF and lone CR line endings, a UTF-8 byte-order mark,
+    blank lines and whitespace inside sequence lines are tolerated. A file that cannot be read
+    or decompressed (a truncated ``.gz``, one that is not gzip at all, UTF-16 text) raises
+    ``DataError`` naming it. A block's ``consumed`` counts bytes of the file as stored
+    (compressed, for gzip).
     """
     end = path.stat().st_size if stop is None else stop
     with _open_binary(path) as handle:
