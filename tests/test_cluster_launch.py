@@ -126,7 +126,7 @@ def test_a_batch_or_salloc_shell_without_srun_is_one_process():
     assert (launch.launcher, launch.world, launch.rank) == ("none", 1, 0)
     assert launch.master_addr == "127.0.0.1" and launch.master_port > 0
     assert discover({}).describe() == "no launcher found: one process"
-    for step in ("extern", "-6"):  # not a task of a numbered step: one process too
+    for step in ("extern", "-6", "4294967291"):  # no numbered step (the last: batch, unsigned)
         assert discover({**SRUN, "SLURM_STEP_ID": step}).launcher == "none"
 
 

@@ -130,11 +130,16 @@ def _from_torch(env: Mapping[str, str]) -> Launch:
     )
 
 
+_SPECIAL_STEPS = 0xFFFFFFF0  # Slurm's SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT, ... are above this
+
+
 def _is_srun_task(env: Mapping[str, str]) -> bool:
     """A task of an ``srun`` job step has a step number. The batch shell of ``sbatch`` and the
     shell of ``salloc`` (even one in an interactive step) have none, or a negative or named
-    one, whatever SLURM_NTASKS says."""
-    return env.get("SLURM_STEP_ID", "").strip().isdigit()
+    one, whatever SLURM_NTASKS says; should one be printed unsigned, Slurm's special steps
+    (batch, extern, interactive) are the top values of 32 bits, no srun step's number."""
+    step = env.get("SLURM_STEP_ID", "").strip()
+    return step.isdigit() and int(step) < _SPECIAL_STEPS
 
 
 def _from_srun(env: Mapping[str, str]) -> Launch:
