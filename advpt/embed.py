@@ -39,7 +39,6 @@ import torch
 from tqdm import tqdm
 
 from advpt.command import command
-from advpt.config import DEBUG_HELP
 from advpt.data.cache import open_data
 from advpt.data.prepared import ProteinDataset
 from advpt.errors import (
@@ -49,16 +48,13 @@ from advpt.errors import (
     shorten,
 )
 from advpt.inference import (
-    DEVICE_HELP,
-    OVERWRITE_HELP,
     SPECIAL_TOKENS,
-    TOKENS_PER_BATCH_HELP,
+    add_run_flags,
     atomic_output,
     load_for_inference,
     max_residues,
     pad,
-    pick_device,
-    refuse_existing,
+    start_run,
 )
 from advpt.models.encoder import Encoder
 from advpt.models.weights import encoder_of
@@ -257,8 +253,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LAYER",
         help="also write these layers (0: the embeddings; -1: the last, always written)",
     )
-    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
-    parser.add_argument("--tokens_per_batch", type=int, default=8192, help=TOKENS_PER_BATCH_HELP)
     parser.add_argument(
         "--unknown_to_unk",
         action="store_true",
@@ -269,8 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="where raw inputs are prepared (default: $ADVPT_DATA_CACHE, else ~/.cache/advpt/data)",
     )
-    parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
-    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    add_run_flags(parser)
     return parser
 
 
@@ -279,10 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     """Exit code 0, or 2 with one sentence naming the bad input."""
     args = build_parser().parse_args(argv)
     out = Path(args.out)
-    refuse_existing(out, args.overwrite)
-    if args.tokens_per_batch < 1:
-        raise ConfigError("--tokens_per_batch must be positive")
-    device = pick_device(args.device)
+    device = start_run(args)
     dataset = open_data(args.input, args.data_cache, args.unknown_to_unk)
     encoder = encoder_of(load_for_inference(args.model, device))
     layers = resolve_layers(args.layers, encoder.cfg.num_layers)

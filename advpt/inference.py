@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import tempfile
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from advpt.config import DEBUG_HELP
 from advpt.errors import CheckpointError, ConfigError, OutputError
 from advpt.models.encoder import Encoder, MaskedLanguageModel
 from advpt.models.weights import encoder_of
@@ -32,6 +34,23 @@ TOKENS_PER_BATCH_HELP = (
     "faster where memory allows"
 )
 OVERWRITE_HELP = "replace --out if it exists (otherwise an existing file is an error)"
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags ``score`` and ``embed`` share: where to run, batch size, --overwrite, --debug."""
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+    parser.add_argument("--tokens_per_batch", type=int, default=8192, help=TOKENS_PER_BATCH_HELP)
+    parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+
+
+def start_run(args: argparse.Namespace) -> torch.device:
+    """Check the shared flags before any work (``--out`` is not overwritten unless asked) and
+    return the device to run on."""
+    refuse_existing(Path(args.out), args.overwrite)
+    if args.tokens_per_batch < 1:
+        raise ConfigError("--tokens_per_batch must be positive")
+    return pick_device(args.device)
 
 
 def pick_device(name: str) -> torch.device:

@@ -16,15 +16,16 @@ import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from typing import TYPE_CHECKING, Any
 
 from advpt.errors import CheckpointError, first_line
 
-State = dict[str, torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+
+# torch and safetensors are imported where tensors are read: data preparation reads its JSON
+# through here and stays free of torch (its worker processes start faster).
+State = dict[str, "torch.Tensor"]
 
 
 def _admitted(safe_globals: Sequence[type]) -> list[Any]:
@@ -62,6 +63,8 @@ def load_weights_only(path: Path, safe_globals: Sequence[type] = (), mmap: bool 
     ``safe_globals`` (unpickled in full, a crafted one runs code), one that is not a PyTorch
     archive (a raw pickle; with ``mmap``, also the pre-1.6 format), and a damaged one.
     """
+    import torch
+
     try:
         with torch.serialization.safe_globals(_admitted(safe_globals)), warnings.catch_warnings():
             # A raw pickle draws a warning about its protocol before the refusal: noise.
@@ -86,6 +89,9 @@ def load_weights_only(path: Path, safe_globals: Sequence[type] = (), mmap: bool 
 
 def load_safetensors(path: Path) -> State:
     """Every tensor of a safetensors file, checked finite."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
     try:
         state = load_file(str(path))
     except (SafetensorError, OSError) as err:
@@ -98,6 +104,8 @@ def load_safetensors(path: Path) -> State:
 def load_state_dict(path: Path, mmap: bool = True) -> State:
     """The tensors of a ``torch.save``'d state dict (``.bin``, ``.pt``), checked finite; ``mmap``
     False reads the pre-1.6 format too (TAPE's files)."""
+    import torch
+
     state = load_weights_only(path, mmap=mmap)
     if not isinstance(state, dict):
         raise CheckpointError(
@@ -114,6 +122,8 @@ def load_state_dict(path: Path, mmap: bool = True) -> State:
 
 def check_finite(state: State, source: Path) -> State:
     """``state``, unless one of its floating-point tensors holds a NaN or an infinity."""
+    import torch
+
     for name, tensor in state.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise CheckpointError(
@@ -122,18 +132,25 @@ def check_finite(state: State, source: Path) -> State:
     return state
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``."""
+def read_json(
+    path: Path,
+    error: type[ValueError] = CheckpointError,
+    holds: type = dict,
+    what: str = "a JSON object",
+) -> Any:
+    """The JSON value in ``path``, which must be ``holds`` (``what``, in words); anything else is
+    one ``error`` sentence naming the file. Every JSON file advpt reads comes through here:
+    model configs, DeepSpeed configs, TAPE task files."""
     try:
-        content = json.loads(path.read_text())
+        content = json.loads(path.read_text(encoding="utf-8"))
     except OSError as err:
-        raise CheckpointError(f"cannot read {path}: {err.strerror or err}") from None
+        raise error(f"cannot read {path}: {err.strerror or err}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{path} is not valid JSON ({first_line(err)})") from None
+        raise error(f"{path} is not valid JSON ({first_line(err)})") from None
     except RecursionError:
-        raise CheckpointError(f"{path} nests too deeply to be a config") from None
-    if not isinstance(content, dict):
-        raise CheckpointError(f"{path} must hold a JSON object")
+        raise error(f"{path} nests its JSON too deeply to be {what}") from None
+    if not isinstance(content, holds):
+        raise error(f"{path} must hold {what}, not a {type(content).__name__}")
     return content
 
 

@@ -39,7 +39,6 @@ import torch
 import torch.nn.functional as F
 
 from advpt.command import command
-from advpt.config import DEBUG_HELP
 from advpt.errors import (
     ConfigError,
     DataError,
@@ -48,14 +47,11 @@ from advpt.errors import (
     shorten,
 )
 from advpt.inference import (
-    DEVICE_HELP,
-    OVERWRITE_HELP,
-    TOKENS_PER_BATCH_HELP,
+    add_run_flags,
     atomic_output,
     load_for_inference,
     max_residues,
-    pick_device,
-    refuse_existing,
+    start_run,
 )
 from advpt.models.encoder import MaskedLanguageModel, rows_of
 from advpt.tokenizer import IUPAC_LETTERS
@@ -315,10 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="masked-marginal masks each mutated site in turn; wt-marginal reads the unmasked "
         "wild type once [default: masked-marginal]",
     )
-    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
-    parser.add_argument("--tokens_per_batch", type=int, default=8192, help=TOKENS_PER_BATCH_HELP)
-    parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
-    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    add_run_flags(parser)
     return parser
 
 
@@ -327,10 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     """Exit code 0, or 2 with one sentence naming the bad input."""
     args = build_parser().parse_args(argv)
     out, mutations = Path(args.out), Path(args.mutations)
-    refuse_existing(out, args.overwrite)
-    if args.tokens_per_batch < 1:
-        raise ConfigError("--tokens_per_batch must be positive")
-    device = pick_device(args.device)
+    device = start_run(args)
     sequence = check_sequence(args.sequence)
     table = read_variants(mutations, sequence)
     dms = measured(table, mutations)

@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     with StopSignals() as stop_signals:
         config = parse_config(argv)
         _check_run_dir(config)
+        own_group = not dist.is_initialized()  # a caller's process group is left to the caller
         device = init_distributed()
         trainer = build_trainer(config, device, stop_signals)
         trainer.train()
@@ -43,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
             _print_summary(trainer)
         # Every rank leaves together: the launcher ends the others when one exits.
         dist.barrier()
-        dist.destroy_process_group()
+        if own_group:
+            dist.destroy_process_group()
         return EXIT_STOPPED if trainer.stopped_by else 0
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 import os
 import pickle
 import zlib
@@ -25,6 +24,7 @@ import lmdb
 import numpy as np
 
 from advpt.errors import DataError, first_line, shorten
+from advpt.safe_load import read_json
 
 # ----------------------------------------------------------------------------- blocks
 
@@ -399,19 +399,7 @@ class TapeLMDB:
 
 def read_tape_json(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Load a TAPE JSON file: a list of record dicts, each holding at least ``primary``."""
-    path = Path(path)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            records = json.load(handle)
-    except OSError as err:
-        raise read_error(path, err) from err
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise DataError(f"{path} is not valid JSON ({err})") from err
-    except RecursionError:
-        raise DataError(f"{path} nests its JSON too deeply to be a list of records") from None
-    if not isinstance(records, list):
-        raise DataError(f"{path} must hold a JSON list of records, not a {type(records).__name__}")
-    return records
+    return read_json(Path(path), DataError, list, "a JSON list of records")
 
 
 # ----------------------------------------------------------------------------- TAPE as blocks

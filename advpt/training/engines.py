@@ -26,6 +26,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from advpt import ds_configs
 from advpt.errors import ConfigError, first_line
+from advpt.safe_load import read_json
 
 # The batch settings of a DeepSpeed JSON; a noiser JSON that states none follows the encoder's.
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -79,14 +80,7 @@ def load_ds_config(
             f"({', '.join(ds_configs.names(job_name))})"
         )
     path = str(file)
-    try:
-        config = json.loads(file.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read DeepSpeed config {path}: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"DeepSpeed config {path} is not valid JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"DeepSpeed config {path} must hold a JSON object")
+    config = read_json(file, ConfigError, dict, "a DeepSpeed config (a JSON object)")
     if batch_from is not None and not any(key in config for key in BATCH_KEYS):
         config.update({key: batch_from[key] for key in BATCH_KEYS if key in batch_from})
     if micro_batch is not None:
