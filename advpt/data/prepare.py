@@ -352,8 +352,9 @@ def building(out: Path) -> Iterator[Path]:
             shutil.rmtree(stale, ignore_errors=True)
     tmp = out.with_name(f"{prefix}{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     try:
+        # Made inside the try: a stop signal handled right after mkdir returns still removes it.
+        tmp.mkdir()
         yield tmp
         old = out.with_name(f".{out.name}.old-{socket.gethostname()}-{os.getpid()}")
         if out.exists():

@@ -252,6 +252,7 @@ class MetricsWriter:
         if not enabled:
             return
         try:
+            run_dir.mkdir(parents=True, exist_ok=True)
             if resume is not None:
                 self._truncate_after(resume[0])
             # A fresh run starts a fresh file; a resumed one continues it.
