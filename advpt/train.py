@@ -28,9 +28,11 @@ from advpt.errors import (  # noqa: E402
     debug_requested,
     report,
 )
+from advpt.training import ranks  # noqa: E402
 from advpt.training.build import build_trainer, init_distributed  # noqa: E402
 from advpt.training.checkpoint import checkpoint_tag  # noqa: E402
 from advpt.training.preemption import EXIT_STOPPED, StopSignals  # noqa: E402
+from advpt.training.run_lock import RunDirLock  # noqa: E402
 from advpt.training.summary import report_run  # noqa: E402
 from advpt.training.trainer import NonFiniteError, Trainer  # noqa: E402
 
@@ -42,11 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     3: stopped on non-finite steps. 75: stopped by SIGTERM/SIGUSR1 after saving a checkpoint.
     """
     debug = debug_requested(argv)
-    with StopSignals() as stop_signals:
+    with StopSignals() as stop_signals, RunDirLock() as lock:
         try:
             config = parse_config(argv)
-            _check_run_dir(config)
             device = init_distributed()
+            _claim_run_dir(config, lock)
             trainer = build_trainer(config, device, stop_signals)
         except (ConfigError, DataError, CheckpointError) as exc:
             return report(exc, EXIT_BAD_INPUT, debug)
@@ -66,11 +68,25 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_STOPPED if trainer.stopped_by else 0
 
 
-def _check_run_dir(config: TrainConfig) -> None:
-    """Refuse an unusable run directory before anything is built."""
+def _claim_run_dir(config: TrainConfig, lock: RunDirLock) -> None:
+    """Lock the run directory for this job (rank 0, for the run's life: ``run_lock``) and
+    refuse an unusable one, before anything is built; every rank learns rank 0's answer."""
+    refusal = ""
+    if ranks.rank() == 0:
+        try:
+            _check_run_dir(config, lock)
+        except ConfigError as exc:
+            refusal = str(exc)
+    refusal = ranks.gather(refusal)[0]
+    if refusal:
+        raise ConfigError(refusal)
+
+
+def _check_run_dir(config: TrainConfig, lock: RunDirLock) -> None:
     run_dir = Path(config.run.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run_dir {run_dir} is a file, not a directory")
+    lock.hold(run_dir)  # what follows is checked under the lock: no other job can race it
     if (run_dir / "checkpoints" / "latest").exists() and not config.run.resume:
         raise ConfigError(
             f"run directory {run_dir} already holds a run; pass --resume to continue it or "
