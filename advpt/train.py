@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     """Train; the exit code says how it ended (README, "Resuming, bad records and data safety").
 
     0: finished. 2: bad input, configuration, files or file system (one sentence says which).
-    3: stopped on non-finite steps. 75: stopped by SIGTERM/SIGUSR1 after saving a checkpoint.
+    3: stopped on non-finite steps. 75: stopped by SIGTERM/SIGUSR1 or before the wall-clock
+    limit (--max_time, SLURM_JOB_END_TIME), after saving a checkpoint.
     """
     debug = debug_requested(argv)
     with StopSignals() as stop_signals, RunDirLock() as lock:
