@@ -110,6 +110,7 @@ def test_a_two_rank_start_on_a_running_run_is_refused_on_every_rank(tmp_path):
     run_dir = tmp_path / "run"
     first = _train([*tiny_run_args(tmp_path, run_dir), *LONG])
     holder = _holding(first, run_dir)
+    (tmp_path / "second").mkdir()
     second_args = [*tiny_run_args(tmp_path / "second", run_dir, world=2), *LONG, "--resume"]
     started = time.time()
     _refused(_start(launcher_command(second_args)), run_dir, holder)  # one line: rank 0's
