@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     with StopSignals() as stop_signals, RunDirLock() as lock:
         try:
             config = parse_config(argv)
+            _check_run_dir(config)
             device = init_distributed()
             _claim_run_dir(config, lock)
             trainer = build_trainer(config, device, stop_signals)
@@ -69,30 +70,31 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_STOPPED if trainer.stopped_by else 0
 
 
-def _claim_run_dir(config: TrainConfig, lock: RunDirLock) -> None:
-    """Lock the run directory for this job (rank 0, for the run's life: ``run_lock``) and
-    refuse an unusable one, before anything is built; every rank learns rank 0's answer."""
-    refusal = ""
-    if ranks.rank() == 0:
-        try:
-            _check_run_dir(config, lock)
-        except ConfigError as exc:
-            refusal = str(exc)
-    refusal = ranks.gather(refusal)[0]
-    if refusal:
-        raise ConfigError(refusal)
-
-
-def _check_run_dir(config: TrainConfig, lock: RunDirLock) -> None:
+def _check_run_dir(config: TrainConfig) -> None:
+    """Refuse an unusable run directory before anything is built."""
     run_dir = Path(config.run.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run_dir {run_dir} is a file, not a directory")
-    lock.hold(run_dir)  # what follows is checked under the lock: no other job can race it
-    if (run_dir / "checkpoints" / "latest").exists() and not config.run.resume:
-        raise ConfigError(
-            f"run directory {run_dir} already holds a run; pass --resume to continue it or "
-            "choose another --run_dir"
-        )
+
+
+def _claim_run_dir(config: TrainConfig, lock: RunDirLock) -> None:
+    """Lock the run directory for this job (rank 0, for the run's life: ``run_lock``) and refuse
+    to start a fresh run in one that holds a run; every rank learns rank 0's answer."""
+    refusal = ""
+    if ranks.rank() == 0:
+        run_dir = Path(config.run.run_dir)
+        try:
+            lock.hold(run_dir)  # what follows is checked under the lock: no other job races it
+        except (ConfigError, OutputError) as exc:
+            refusal = str(exc)
+        if not refusal and (run_dir / "checkpoints" / "latest").exists() and not config.run.resume:
+            refusal = (
+                f"run directory {run_dir} already holds a run; pass --resume to continue it or "
+                "choose another --run_dir"
+            )
+    refusal = ranks.gather(refusal)[0]
+    if refusal:
+        raise ConfigError(refusal)
 
 
 def _print_summary(trainer: Trainer) -> None:

@@ -6,12 +6,14 @@ run directory before anything else is written there, and holds it until the run 
 kernel releases a ``flock`` when its holder dies, however it dies (``kill -9``, a node's OOM
 killer), so a killed job never leaves a stale lock: the file itself stays, but only the lock on
 it counts, and the next start takes it over. The file says who holds it (host, pid, start time,
-as JSON), so that a refused start can name the holder.
+as JSON), so that a refused start can name the holder. ``advpt.train`` takes it on rank 0 once
+the process group has formed, so that every rank learns a refusal and the whole job exits 2.
 
-On NFS, ``flock`` may be local to a node (Linux emulates it with POSIX locks only on NFS mounts
-that support them; with ``local_lock=flock`` or ``nolock`` it never leaves the node): two jobs
-on *different* nodes may then both take the lock. Run directories on such a file system are
-protected only against a second job on the same node.
+On NFS, ``flock`` may be local to a node: Linux passes it to the server as a lock of the whole
+file, except on mounts with ``local_lock=flock``, ``local_lock=all`` or ``nolock``, where it
+never leaves the node (other clients differ). Two jobs on *different* nodes may then both take
+the lock: such a file system protects a run directory only against a second job on the same
+node.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from advpt.errors import ConfigError
+from advpt.errors import ConfigError, cannot_write
 
 LOCK_FILE = ".lock"
 
@@ -54,8 +56,8 @@ class RunDirLock:
 
     def hold(self, run_dir: Path) -> None:
         """Lock ``run_dir`` (created if missing) until this object is left or the process
-        ends, or raise ``ConfigError`` naming the job that holds it. A refused start writes
-        nothing."""
+        ends, or raise ``ConfigError`` naming the job that holds it (``OutputError`` if the
+        directory cannot be made). A refused start writes nothing."""
         run_dir = Path(run_dir)
         path = run_dir / LOCK_FILE
         created = not run_dir.exists()
@@ -63,9 +65,7 @@ class RunDirLock:
             run_dir.mkdir(parents=True, exist_ok=True)
             file = open(path, "a+")  # noqa: SIM115 (kept open: the lock lasts as long as the file)
         except OSError as err:
-            raise ConfigError(
-                f"--run_dir {run_dir}: cannot create {err.filename or path}: {err.strerror or err}"
-            ) from None
+            raise cannot_write(err, path) from None
         try:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
