@@ -23,7 +23,14 @@ from advpt.training.preemption import (
     WallClock,
     job_deadline,
 )
-from tests.helpers import REPO, child_env, read_metrics, run_module, tiny_run_args
+from tests.helpers import (
+    REPO,
+    build_tiny_trainer,
+    child_env,
+    read_metrics,
+    run_module,
+    tiny_run_args,
+)
 from tests.helpers import without_wall_clock as deterministic
 
 DURATIONS = {
@@ -87,6 +94,23 @@ def test_out_of_time_is_agreed_as_the_wall_clock():
     with StopSignals() as signals:
         assert signals.agreed(False) is None
         assert signals.agreed(True) == WALL_CLOCK
+
+
+def test_a_run_stops_mid_way_leaving_time_for_its_save(tmp_path, distributed):
+    """A deadline 20 s ahead: the run trains while one more step and a save fit, then saves
+    and ends before the deadline, less than one margin before it."""
+    trainer = build_tiny_trainer(
+        tmp_path, "--max_steps", "100000", "--log_every", "1000", "--eval_every", "0",
+        "--checkpoint_every", "100000",
+    )  # fmt: skip
+    deadline = time.time() + 20
+    trainer.wall_clock.deadline = deadline
+    trainer.train()
+    left = deadline - time.time()
+    assert trainer.stopped_by == WALL_CLOCK and trainer.counters.step > 1
+    assert 0 < left < trainer.wall_clock.margin(save_due=False)
+    latest = (trainer.checkpoints / "latest").read_text().strip()
+    assert latest == f"step{trainer.counters.step:08d}"
 
 
 SCHEDULE = [
