@@ -48,9 +48,10 @@ class RunDirLock:
         if self._file is None:
             return
         created = self._created
-        if created is not None and [p.name for p in created.iterdir()] == [LOCK_FILE]:
-            (created / LOCK_FILE).unlink()
-            created.rmdir()
+        with contextlib.suppress(OSError):  # gone or unreadable meanwhile: leave it as it is
+            if created is not None and [p.name for p in created.iterdir()] == [LOCK_FILE]:
+                (created / LOCK_FILE).unlink()
+                created.rmdir()
         self._file.close()  # releases the lock
         self._file = self._created = None
 
@@ -61,20 +62,24 @@ class RunDirLock:
         run_dir = Path(run_dir)
         path = run_dir / LOCK_FILE
         created = not run_dir.exists()
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            file = open(path, "a+")  # noqa: SIM115 (kept open: the lock lasts as long as the file)
-        except OSError as err:
-            raise cannot_write(err, path) from None
-        try:
-            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(file)
-            file.close()
-            raise ConfigError(
-                f"run directory {run_dir} is in use: {holder} holds its lock {path}; wait for "
-                "that job to end or choose another --run_dir"
-            ) from None
+        while True:
+            try:
+                run_dir.mkdir(parents=True, exist_ok=True)
+                file = open(path, "a+")  # noqa: SIM115 (kept open: the lock lasts as long as it)
+            except OSError as err:
+                raise cannot_write(err, path) from None
+            try:
+                fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder(file)
+                file.close()
+                raise ConfigError(
+                    f"run directory {run_dir} is in use: {holder} holds its lock {path}; wait "
+                    "for that job to end or choose another --run_dir"
+                ) from None
+            if _is_still(file, path):
+                break
+            file.close()  # a refused run removed the file as we opened it: lock the new one
         file.seek(0)
         file.truncate()
         file.write(json.dumps(_this_process()) + "\n")
@@ -88,6 +93,14 @@ def _this_process() -> dict[str, object]:
         "pid": os.getpid(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
+
+
+def _is_still(file: IO[str], path: Path) -> bool:
+    """Whether ``path`` still names the open ``file`` (not removed or replaced since)."""
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(file.fileno()))
+    except FileNotFoundError:
+        return False
 
 
 def _holder(file: IO[str]) -> str:
