@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from advpt.errors import ConfigError
-from advpt.training.run_lock import LOCK_FILE, RunDirLock
+from advpt.training.run_lock import LOCK_FILE, RunDirLock, _is_still
 from tests.helpers import REPO, child_env, launcher_command, read_metrics, tiny_run_args
 
 # Long enough (tens of seconds) for other starts to try while it runs.
@@ -45,6 +45,16 @@ def test_a_held_lock_refuses_a_second_holder_naming_the_first(tmp_path):
         again.hold(run_dir)
         (run_dir / "config.json").write_text("{}")
     assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_FILE, "config.json"]
+
+
+def test_a_lock_file_removed_or_replaced_is_not_the_one_the_path_names(tmp_path):
+    path = tmp_path / LOCK_FILE
+    with open(path, "a+") as file:
+        assert _is_still(file, path)
+        path.unlink()  # as a refused run leaving an empty directory does
+        assert not _is_still(file, path)
+        path.write_text("")
+        assert not _is_still(file, path)
 
 
 def _start(command: list[str]) -> subprocess.Popen:
