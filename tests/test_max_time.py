@@ -134,6 +134,7 @@ def _stopped_for_time(done: subprocess.CompletedProcess, run_dir) -> int:
     line = next(line for line in done.stdout.splitlines() if line.startswith("stopped by"))
     assert line.startswith(f"stopped by {WALL_CLOCK} after step "), line
     assert "continue with --resume" in line
+    assert "wall-clock limit 20" in done.stderr  # said at the start
     step = int(line.split("after step ")[1].split(";")[0])
     tag = f"step{step:08d}"
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == tag

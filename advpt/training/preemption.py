@@ -112,6 +112,13 @@ class WallClock:
         self.longest_save = parameters * self.STATE_BYTES_PER_PARAMETER / self.WRITE_BYTES_PER_S
         self._save_measured = False
 
+    def describe(self) -> str | None:
+        """One line saying when the run will stop, if it has a deadline."""
+        if self.deadline is None:
+            return None
+        end = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.deadline))
+        return f"wall-clock limit {end}: the run saves and exits 75 one step and a save before it"
+
     def stepped(self, seconds: float) -> None:
         """Note the duration of an optimizer step (with its logging and validation)."""
         self.longest_step = max(self.longest_step, seconds)

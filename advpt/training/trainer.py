@@ -174,6 +174,8 @@ class Trainer:
             f"{cfg.method.mode} pre-training", enabled=self.is_main,
         )  # fmt: skip
         progress.note(self._describe_batch())
+        if limit := self.wall_clock.describe():
+            progress.note(limit)
         last: dict[str, Any] = {}
         self.metrics = MetricsAccumulator(self.device, self.vocab)
         self._clock = time.perf_counter()
