@@ -75,23 +75,24 @@ def _check_run_dir(config: TrainConfig) -> None:
     run_dir = Path(config.run.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run_dir {run_dir} is a file, not a directory")
+    if (run_dir / "checkpoints" / "latest").exists() and not config.run.resume:
+        raise ConfigError(
+            f"run directory {run_dir} already holds a run; pass --resume to continue it or "
+            "choose another --run_dir"
+        )
 
 
 def _claim_run_dir(config: TrainConfig, lock: RunDirLock) -> None:
-    """Lock the run directory for this job (rank 0, for the run's life: ``run_lock``) and refuse
-    to start a fresh run in one that holds a run; every rank learns rank 0's answer."""
+    """Lock the run directory for this job (rank 0, for the run's life: ``run_lock``) and check
+    it again under the lock, where no other job can race the check; every rank learns rank 0's
+    answer."""
     refusal = ""
     if ranks.rank() == 0:
-        run_dir = Path(config.run.run_dir)
         try:
-            lock.hold(run_dir)  # what follows is checked under the lock: no other job races it
+            lock.hold(Path(config.run.run_dir))
+            _check_run_dir(config)
         except (ConfigError, OutputError) as exc:
             refusal = str(exc)
-        if not refusal and (run_dir / "checkpoints" / "latest").exists() and not config.run.resume:
-            refusal = (
-                f"run directory {run_dir} already holds a run; pass --resume to continue it or "
-                "choose another --run_dir"
-            )
     refusal = ranks.gather(refusal)[0]
     if refusal:
         raise ConfigError(refusal)
