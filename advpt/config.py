@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import re
 import textwrap
 import types
 import typing
@@ -326,12 +327,23 @@ class RunConfig(Section):
     mlflow.db in run_dir; csv writes run_dir/metrics.csv."""
     project: str = "advpt"
     """The W&B project (unless WANDB_PROJECT is set) and MLflow experiment of the run."""
+    max_time: str = ""
+    """Wall-clock limit of this job, counted from its process's start: seconds (a bare number
+    is seconds, not Slurm's minutes: 3600), a number with a unit (90m, 12h, 2d), or as Slurm
+    writes it (D-HH:MM:SS, D-HH:MM, D-HH, HH:MM:SS, MM:SS). The run stops after the step that
+    leaves less than one more step and a save (both measured) before it, saves and exits 75;
+    --resume continues. Empty: until SLURM_JOB_END_TIME if that is set, else no limit."""
 
     @property
     def trackers(self) -> list[str]:
         """``tracker`` as a list of names (``none``: the empty list)."""
         names = list(dict.fromkeys(n.strip() for n in self.tracker.split(",") if n.strip()))
         return [] if names == ["none"] else names
+
+    @property
+    def max_seconds(self) -> float | None:
+        """``max_time`` in seconds; None if unset."""
+        return duration_seconds(self.max_time) if self.max_time else None
 
     def rules(self) -> list[tuple[bool, str]]:
         unknown = [name for name in self.trackers if name not in TRACKERS] or [""]
@@ -346,7 +358,38 @@ class RunConfig(Section):
             (self.stop_after_steps >= 0, "stop_after_steps must be >= 0"),
             (self.max_skipped_in_a_row >= 1, "max_skipped_in_a_row must be at least 1"),
             (bool(self.project.strip()), "project must not be empty"),
+            (not self.max_time or duration_seconds(self.max_time) is not None,
+             f"--max_time {self.max_time!r} is not a positive duration: give seconds (3600), a "
+             "number with a unit (90m, 12h, 2d) or D-HH:MM:SS, D-HH:MM, D-HH, HH:MM:SS, MM:SS"),
         ]  # fmt: skip
+
+
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_seconds(text: str) -> float | None:
+    """The seconds ``text`` gives (``--max_time``), or None if it is no positive duration.
+
+    A number is seconds, or carries a unit (``90m``, ``1.5h``, ``2d``); otherwise Slurm's
+    formats: ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``, ``MM:SS``, ``HH:MM:SS``.
+    """
+    text = text.strip()
+    number = re.fullmatch(r"(\d+(?:\.\d*)?)([smhd]?)", text)
+    if number:
+        seconds = float(number[1]) * _UNIT_SECONDS[number[2]]
+        return seconds if seconds > 0 else None
+    days, _, clock = text.rpartition("-") if "-" in text else ("0", "", text)
+    fields = clock.split(":")
+    if not (days.isdigit() and all(f.isdigit() for f in fields)):
+        return None
+    if "-" in text and len(fields) <= 3:  # D-HH, D-HH:MM, D-HH:MM:SS
+        units = [3600, 60, 1][: len(fields)]
+    elif len(fields) in (2, 3):  # MM:SS, HH:MM:SS
+        units = [3600, 60, 1][-len(fields) :]
+    else:
+        return None
+    seconds = int(days) * 86400 + sum(int(f) * u for f, u in zip(fields, units, strict=True))
+    return float(seconds) if seconds > 0 else None
 
 
 @dataclass

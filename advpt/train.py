@@ -19,9 +19,11 @@ from advpt.command import command  # noqa: E402
 from advpt.config import TrainConfig, parse_config  # noqa: E402
 from advpt.data.unigram import residue_counts, unigram_entropy  # noqa: E402
 from advpt.errors import EXIT_STOPPED, ConfigError, OutputError, ReportError  # noqa: E402
+from advpt.training import ranks  # noqa: E402
 from advpt.training.build import build_trainer, init_distributed  # noqa: E402
 from advpt.training.checkpoint import checkpoint_tag  # noqa: E402
 from advpt.training.preemption import StopSignals  # noqa: E402
+from advpt.training.run_lock import RunDirLock  # noqa: E402
 from advpt.training.summary import report_run  # noqa: E402
 from advpt.training.trainer import Trainer  # noqa: E402
 
@@ -31,13 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     """Train; the exit code says how it ended (README, "Resuming, bad records and data safety").
 
     0: finished. 2: bad input, configuration, files or file system (one sentence says which).
-    3: stopped on non-finite steps. 75: stopped by SIGTERM/SIGUSR1 after saving a checkpoint.
+    3: stopped on non-finite steps. 75: stopped by SIGTERM/SIGUSR1 or before the wall-clock
+    limit (--max_time, SLURM_JOB_END_TIME), after saving a checkpoint.
     """
-    with StopSignals() as stop_signals:
+    with StopSignals() as stop_signals, RunDirLock() as lock:
         config = parse_config(argv)
         _check_run_dir(config)
         own_group = not dist.is_initialized()  # a caller's process group is left to the caller
         device = init_distributed()
+        _claim_run_dir(config, lock)
         trainer = build_trainer(config, device, stop_signals)
         trainer.train()
         if trainer.is_main:
@@ -59,6 +63,22 @@ def _check_run_dir(config: TrainConfig) -> None:
             f"run directory {run_dir} already holds a run; pass --resume to continue it or "
             "choose another --run_dir"
         )
+
+
+def _claim_run_dir(config: TrainConfig, lock: RunDirLock) -> None:
+    """Lock the run directory for this job (rank 0, for the run's life: ``run_lock``) and check
+    it again under the lock, where no other job can race the check; every rank learns rank 0's
+    answer."""
+    refusal = ""
+    if ranks.rank() == 0:
+        try:
+            lock.hold(Path(config.run.run_dir))
+            _check_run_dir(config)
+        except (ConfigError, OutputError) as exc:
+            refusal = str(exc)
+    refusal = ranks.gather(refusal)[0]
+    if refusal:
+        raise ConfigError(refusal)
 
 
 def _print_summary(trainer: Trainer) -> None:

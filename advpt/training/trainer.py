@@ -52,7 +52,7 @@ from advpt.training.engines import check_global_batch, current_lr
 from advpt.training.monitor import MetricsAccumulator, MetricsWriter, check_collapse
 from advpt.training.objective import AdversarialObjective, masked_lm
 from advpt.training.phases import PHASES
-from advpt.training.preemption import StopSignals, ignore_in_worker
+from advpt.training.preemption import StopSignals, WallClock, ignore_in_worker, job_deadline
 from advpt.training.progress import Progress
 from advpt.training.schedule import (
     JOINT,
@@ -123,7 +123,9 @@ class Trainer:
         self._collapsed = False  # mask entropy below the collapse threshold at the last record
         # Installed by the entry point; without it no signal is noted and the run never stops.
         self.stop_signals = stop_signals or StopSignals()
-        self.stopped_by: str | None = None  # the signal that stopped the run, if one did
+        self.stopped_by: str | None = None  # the signal (or WALL_CLOCK) that stopped the run
+        parameters = sum(p.numel() for e in self.engines.values() for p in e.module.parameters())
+        self.wall_clock = WallClock(job_deadline(config.run.max_seconds), parameters)
         self._clock = time.perf_counter()
         self.resumed_layout: dict[str, int] | None = None  # the checkpoint's, set by restore()
 
@@ -169,6 +171,8 @@ class Trainer:
             f"{cfg.method.mode} pre-training", enabled=self.is_main,
         )  # fmt: skip
         progress.note(self._describe_batch())
+        if limit := self.wall_clock.describe():
+            progress.note(limit)
         last: dict[str, Any] = {}
         self.metrics = MetricsAccumulator(self.device, self.vocab)
         self._clock = time.perf_counter()
@@ -186,11 +190,13 @@ class Trainer:
     ) -> dict[str, Any] | None:
         """One optimizer step, then whatever logging, validation and saving falls due.
 
-        A stop signal received by any rank makes every rank save after this same step.
-        ``progress`` sees every step but only numbers already on the host: those of a logging
-        step or a validation pass.
+        A stop signal received by any rank, or too little time left before the job's
+        wall-clock limit on rank 0, makes every rank save after this same step. ``progress``
+        sees every step but only numbers already on the host: those of a logging step or a
+        validation pass.
         """
         cfg = self.config
+        started = time.perf_counter()
         encoder_before = self.counters.encoder_step
         self.optimizer_step(data)
         progress.step(self._last_phase, self.counters.encoder_step)
@@ -208,10 +214,12 @@ class Trainer:
             if validation:
                 progress.validated(validation)
             record = {**(record or {}), **validation}
-        self.stopped_by = self.stop_signals.agreed()  # a collective, once per optimizer step
         due = encoder_stepped and (step % cfg.run.checkpoint_every == 0 or step == stop_at)
+        self.wall_clock.stepped(time.perf_counter() - started)
+        out_of_time = step < stop_at and self.wall_clock.out_of_time(save_due=due)
+        self.stopped_by = self.stop_signals.agreed(out_of_time)  # a collective, once per step
         if due or self.stopped_by:
-            with self._off_the_clock():
+            with self._off_the_clock(), self.wall_clock.saving():
                 self.save()
         return record
 
