@@ -94,7 +94,8 @@ def test_prepare_onto_a_full_file_system_is_one_sentence_and_leaves_nothing(tmp_
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
 def test_a_stopped_prepare_removes_its_temporary_directory(tmp_path, stop):
-    # The input is a pipe this test writes: the preparation is mid-way for as long as it waits.
+    # The input is a named pipe nobody writes: the preparation, its temporary directory made,
+    # waits in open() for a writer for as long as the test likes, and the signal comes there.
     source = tmp_path / "x.fasta"
     os.mkfifo(source)
     out = tmp_path / "out"
@@ -102,15 +103,12 @@ def test_a_stopped_prepare_removes_its_temporary_directory(tmp_path, stop):
         [sys.executable, "-m", PREPARE, str(source), "--out", str(out)],
         cwd=REPO, env=child_env(), stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    with open(source, "w") as pipe:
-        pipe.write(RECORDS)
-        pipe.flush()
-        deadline = time.monotonic() + 60
-        while not list(tmp_path.glob(".out.tmp-*")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert list(tmp_path.glob(".out.tmp-*")), "the preparation never started writing"
-        job.send_signal(stop)
-        _, err = job.communicate(timeout=60)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".out.tmp-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(tmp_path.glob(".out.tmp-*")), "the preparation never started writing"
+    job.send_signal(stop)
+    _, err = job.communicate(timeout=60)
     assert job.returncode == EXIT_STOPPED and "Traceback" not in err, err[-3000:]
     assert err.strip().splitlines()[-1] == (
         f"advpt: error: stopped by {stop.name}; nothing was kept"
