@@ -76,13 +76,18 @@ STANDARD_RESIDUES = "ACDEFGHIKLMNPQRSTVWY"
 ARMS = {
     "random-15": "random 15%",
     "random": "random 20%",
+    "random-40": "random 40%",
+    "span": "span masking, 20%",
     "alternating": "paper: alternating, 10% random + 10% noiser",
+    "context-warmup": "context-only GRU noiser from 25% of the updates",
+    "sparse-alternating": "conv noiser, 1 noiser step per 4 encoder steps",
+    "sparse-simultaneous": "conv noiser, a joint step every 2nd step",
     "context-only": "context-only noiser",
-    "context-warmup": "context-only noiser, from 25% of the updates",
     "simultaneous": "simultaneous schedule",
     "importance": "importance-weighted masking",
 }
 """Study arm (a ``VARIANTS`` name) -> its label in the report."""
+DEFAULT_ARMS = list(ARMS)[:8]  # the free heuristics, the paper's, today's and the cheap settings
 BASELINE = "random"  # the equal-wall-time reference
 JUDGE = "alternating"  # the setting whose frozen noiser picks the hard positions
 SCORE_RATE = 0.2  # random masking of the held-out task and of every validation pass
@@ -117,7 +122,7 @@ class Size:
 
 SIZES = {
     "quick": Size("tiny", "tiny", 32, 8, 4, 2, 2, 1, 2, 1, noiser_lr=1e-2),
-    "cpu": Size("small", "small", 64, 16, 150, 10, 10, 4, 3, 2),
+    "cpu": Size("small", "small", 64, 16, 800, 10, 16, 4, 3, 2),
     "gpu": Size("small", "small", 256, 64, 2000, 10, 20, 8, 3, 1),
 }
 
@@ -134,12 +139,12 @@ def run_config(variant: str, size: Size, run_dir: Path, seed: int, data: str) ->
     noiser_json.write_text(json.dumps(simple_ds_config(size.micro_batch, lr=size.noiser_lr)))
     n = size.encoder_updates
     return parse_config([
-        *VARIANTS[variant],
+        "--noiser_steps", str(size.cycle), "--encoder_steps", str(size.cycle),
+        *VARIANTS[variant],  # after the cycle: a variant's own ratio wins
         "--deepspeed_config", str(encoder_json), "--noiser_deepspeed_config", str(noiser_json),
         "--data", data, "--encoder", size.encoder, "--noiser", size.noiser,
         "--max_length", str(size.max_length), "--max_steps", str(n),
         "--warmup_steps", str(max(1, n // 10)),
-        "--noiser_steps", str(size.cycle), "--encoder_steps", str(size.cycle),
         "--batch_growth", "false", "--eval_every", str(max(1, n // size.evaluations)),
         "--val_max_batches", "0", "--val_masking_rate", str(SCORE_RATE),
         "--log_every", str(max(1, size.cycle)), "--checkpoint_every", str(n),
@@ -239,14 +244,16 @@ def score(model: torch.nn.Module, task: Task) -> dict[str, float]:
     return {"loss": sums[0] / sums[2], "accuracy": sums[1] / sums[2], "scored": sums[2]}
 
 
-def score_unigram(log_probs: np.ndarray, items) -> float:
-    """Cross-entropy of the training residue frequencies at the scored positions."""
-    total = count = 0.0
+def score_unigram(log_probs: np.ndarray, items) -> dict[str, float]:
+    """Cross-entropy of the training residue frequencies at the scored positions, and the
+    accuracy of always guessing the most frequent residue."""
+    total = count = correct = 0.0
     for batch, _, scored in items:
         gold = batch.ids[scored].numpy()
         total -= float(log_probs[gold].sum())
+        correct += float((gold == log_probs.argmax()).sum())
         count += len(gold)
-    return total / count
+    return {"loss": total / count, "accuracy": correct / count}
 
 
 def at_time(curve: list[tuple[float, float]], seconds: float) -> float:
@@ -254,6 +261,32 @@ def at_time(curve: list[tuple[float, float]], seconds: float) -> float:
     points; an arm that finished sooner keeps its last loss)."""
     times, losses = zip(*curve, strict=True)
     return float(np.interp(seconds, times, losses))
+
+
+def steps_for_compute(budget: float, warmup: int, cost: float) -> float:
+    """Encoder steps an arm trains in ``budget`` random-MLM updates' time: its random-only
+    warm-up's ``warmup`` steps cost one each, its adversarial steps ``cost`` each."""
+    return budget if budget <= warmup else warmup + (budget - warmup) / cost
+
+
+def equal_compute(result: dict, reference: dict, costs: dict[str, float] | None) -> float:
+    """``result``'s validation loss at the training time of random 20% (``reference``, same
+    seed): with ``costs`` (an arm's time per adversarial update over random MLM's, measured
+    side by side), its curve read at the encoder step that time buys; without, at the
+    measured wall time."""
+    if costs is None:
+        return at_time([(t, loss) for _, t, loss in result["curve"]], reference["seconds"])
+    cost = costs.get(result["arm"], 1.0)
+    step = steps_for_compute(reference["encoder_updates"], result["warmup_steps"], cost)
+    return at_time([(s, loss) for s, _, loss in result["curve"]], step)
+
+
+def read_costs(path: Path | None) -> dict[str, float] | None:
+    """Arm -> ``cost_vs_random`` from a ``scripts/bench_throughput.py --json`` file."""
+    if path is None:
+        return None
+    rows = json.loads(path.read_text())["rows"]
+    return {r["mode"]: r["cost_vs_random"] for r in rows if r.get("cost_vs_random")}
 
 
 # ------------------------------------------------------------------------------------ jobs
@@ -276,8 +309,8 @@ def unigram_job(seed: int, size: Size, runs: Path, data: str) -> dict:
     validation_task = [(b, b.inputs, b.random_masked) for b in validation]
     return {
         "arm": "unigram", "seed": seed,
-        **{t.name: {"loss": score_unigram(log_probs, t.items)} for t in tasks},
-        "validation": score_unigram(log_probs, validation_task),
+        **{t.name: score_unigram(log_probs, t.items) for t in tasks},
+        "validation": score_unigram(log_probs, validation_task)["loss"],
     }  # fmt: skip
 
 
@@ -292,6 +325,7 @@ def train_job(arm: str, seed: int, size: Size, runs: Path, data: str) -> dict:
         "arm": arm, "seed": seed,
         "encoder_updates": trainer.counters.encoder_step,
         "noiser_updates": trainer.counters.noiser_step,
+        "warmup_steps": trainer.random_only_steps,
         "seconds": trainer.counters.train_seconds,
         "load": os.getloadavg()[0],  # the machine's, over the run's last minute
         "curve": [(r["encoder_step"], r["train_seconds"], r["val_loss"])
@@ -333,11 +367,17 @@ def run_study(arms: list[str], size: Size, runs: Path, data: str) -> list[dict]:
         print("study: scoring ...", flush=True)
         scores = run([(score_job, r["arm"], r["seed"], *shared) for r in trained])
         unigrams = run([(unigram_job, seed, *shared) for seed in seeds])
-    reference = {r["seed"]: r["seconds"] for r in trained if r["arm"] == BASELINE}
     for r, scored in zip(trained, scores, strict=True):
         r.update(scored)
-        r["equal time"] = at_time([(t, loss) for _, t, loss in r["curve"]], reference[r["seed"]])
     return unigrams + trained
+
+
+def add_equal_compute(results: list[dict], costs: dict[str, float] | None) -> None:
+    """Every trained run's ``equal time`` loss (:func:`equal_compute`)."""
+    reference = {r["seed"]: r for r in results if r["arm"] == BASELINE}
+    for r in results:
+        if r["arm"] != "unigram":
+            r["equal time"] = equal_compute(r, reference[r["seed"]], costs)
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -356,6 +396,7 @@ def summarize(results: list[dict], arms: list[str]) -> dict[str, dict]:
             keys = {"random": ("random masking", "loss"), "hard": ("hard positions", "loss")}
             out[arm] = {k: mean_std([r[a][b] for r in rows]) for k, (a, b) in keys.items()}
             out[arm]["equal time"] = mean_std([r["validation"] for r in rows])
+            out[arm]["random accuracy"] = mean_std([r["random masking"]["accuracy"] for r in rows])
             continue
         reference = {r["seed"]: r["seconds"] for r in results if r["arm"] == BASELINE}
         paper = {r["seed"]: r for r in results if r["arm"] == JUDGE}
@@ -507,7 +548,7 @@ def write_report(summary: dict, arms: list[str], size: Size, args, device: str, 
     command += f" --size {args.size}" if args.size != "cpu" else ""
     for flag in ("seeds", "updates", "jobs"):
         command += f" --{flag} {getattr(args, flag)}" if getattr(args, flag) else ""
-    command += f" --arms {' '.join(args.arms)}" if args.arms != list(ARMS) else ""
+    command += f" --arms {' '.join(args.arms)}" if args.arms != DEFAULT_ARMS else ""
     text = f"""# Does adversarial masking pay?
 
 Generated by `scripts/study_masking.py` on {datetime.date.today().isoformat()} ({device}):
@@ -580,10 +621,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, help="seeds per arm (default: the size's)")
     parser.add_argument("--updates", type=int, help="encoder updates per run (default: size's)")
     parser.add_argument("--jobs", type=int, help="runs at a time (default: the size's)")
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS))
     parser.add_argument("--data", default=BUNDLED_PROTEOME, help="training data (advpt --data)")
     parser.add_argument("--out", type=Path, default=REPO / "docs", help="report directory")
     parser.add_argument("--runs", type=Path, default=REPO / "runs" / "study", help="run dirs")
+    parser.add_argument(
+        "--costs", type=Path,
+        help="bench_throughput.py --json of the arms: equal time by measured cost per update",
+    )  # fmt: skip
+    parser.add_argument(
+        "--report_only", action="store_true", help="rewrite the report from --runs/results.json"
+    )
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
     if args.quick:
@@ -596,18 +644,26 @@ def main(argv: list[str] | None = None) -> int:
     arms = [a for a in ARMS if a in args.arms]
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     name += f", {size.jobs} run(s) at a time, {torch.get_num_threads()} torch thread(s) each"
-    start, load = time.perf_counter(), os.getloadavg()[0]
-    results = run_study(arms, size, args.runs, args.data)
+    saved = args.runs / "results.json"
+    if args.report_only:
+        results = json.loads(saved.read_text())
+        arms = [a for a in arms if any(r["arm"] == a for r in results)]
+        minutes, load = results[0]["minutes"], results[0]["load"]
+    else:
+        start, load = time.perf_counter(), os.getloadavg()[0]
+        results = run_study(arms, size, args.runs, args.data)
+        minutes = (time.perf_counter() - start) / 60
+        during = [r["load"] for r in results if "load" in r]
+        load = (load, os.getloadavg()[0], min(during), max(during))
+        results[0].update(minutes=minutes, load=load)  # kept for --report_only
+        saved.write_text(json.dumps(results))
+    add_equal_compute(results, read_costs(args.costs))
     summary = summarize(results, arms)
     args.out.mkdir(parents=True, exist_ok=True)
     plot_scores(summary, arms, args.out / "study_scores.png")
     plot_curves(results, summary, arms, args.out / "study_curves.png")
     plot_residues(results, arms, args.out / "study_residues.png")
-    minutes = (time.perf_counter() - start) / 60
-    during = [r["load"] for r in results if "load" in r]
-    load = (load, os.getloadavg()[0], min(during), max(during))
     write_report(summary, arms, size, args, name, load, minutes)
-    (args.runs / "results.json").write_text(json.dumps(results))
     print(f"study: wrote {args.out / 'study.md'} ({minutes:.1f} min)")
     return 0
 
