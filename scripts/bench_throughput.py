@@ -184,7 +184,8 @@ class Timed:
         self.trainer = build(args, mode, cell, work, device)
         self.taken: list = []  # the micro-batches of the optimizer step under way
         self.data = self._batches()
-        cycle = 1 if self.trainer.config.simultaneous else self.trainer.config.method.encoder_steps
+        config = self.trainer.config
+        cycle = config.method.joint_every if config.simultaneous else config.method.encoder_steps
         self.warmup, self.steps = (-(-n // cycle) * cycle for n in (args.warmup, args.steps))
         self._run(self.warmup)
 

@@ -151,10 +151,13 @@ def test_finetune_settings_share_the_style(tmp_path):
 
 
 def test_every_training_variant_is_a_valid_set_of_flags():
+    rates = {"random-15": 0.15, "random-40": 0.4}  # the others mask the paper's 20%
     for name, flags in VARIANTS.items():
         config = parse_config(flags)
-        assert config.method.mode == ("random" if name.startswith("random") else "adversarial")
-        assert sum(config.masking_rates()) == pytest.approx(0.15 if name == "random-15" else 0.2)
+        random = name.startswith("random") or name == "span"
+        assert config.method.mode == ("random" if random else "adversarial"), name
+        assert sum(config.masking_rates()) == pytest.approx(rates.get(name, 0.2)), name
+    assert parse_config(VARIANTS["span"]).masking.random_masking == "span"
 
 
 def test_section_names_are_no_setting_names_and_old_ones_are_settings_only():
