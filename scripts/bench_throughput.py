@@ -2,20 +2,27 @@
 
     python scripts/bench_throughput.py --preset tiny                       # CPU, about a minute
     python scripts/bench_throughput.py --preset tiny --modes random alternating simultaneous
+    OMP_NUM_THREADS=1 python scripts/bench_throughput.py --preset small --noiser small \
+        --max_length 128 --micro_batches 16 --checkpointing 0 --modes random recommended \
+        --rounds 5 --workers 0        # the recommended setting's cost, side by side
     python scripts/bench_throughput.py --preset tape-base --max_length 512 \\
         --precisions bf16 --checkpointing 0 1 --micro_batches 16 32 64 --json bench.json
     python scripts/bench_throughput.py --preset tape-base --max_length 512 --precisions bf16 \\
         --find_max_micro_batch --checkpointing 0 1 --json max_batch.json
 
 For every combination of precision, activation checkpointing, micro-batch and encoder ZeRO stage it
-builds the real engines (as ``advpt.train`` does), runs ``--warmup`` encoder updates, then times
-``--steps`` more, each through the trainer's own ``Trainer.optimizer_step`` (the step a run takes,
-with its counters, schedule and metrics). An encoder update is ``--global_batch`` sequences
-(default: one micro-batch), so gradient accumulation is ``global_batch / micro_batch``. A row
+builds the real engines of every mode (as ``advpt.train`` does), runs ``--warmup`` encoder updates
+of each, then times ``--steps`` more of each, mode after mode, in each of ``--rounds`` rounds,
+each through the trainer's own ``Trainer.optimizer_step`` (the step a run takes, with its
+counters, schedule and metrics). A row is its mode's median round; ``cost_vs_random`` is the median
+over rounds of the ratio to random MLM's time in the same round (``cost_range``: the lowest and
+highest ratio), so a slow spell of a shared machine hits both sides of a ratio alike. An encoder
+update is ``--global_batch`` sequences (default: one micro-batch), so gradient accumulation is
+``global_batch / micro_batch``. A row
 reports, per second of wall time, the sequences and non-padding tokens that went through *encoder
 updates*, so the noiser steps of an adversarial run show up as lost throughput; ``cost_vs_random``
 is the time per encoder update relative to random MLM with the same precision, checkpointing,
-micro-batch, ZeRO stage and global batch, measured in the same process. Modes
+micro-batch, ZeRO stage and global batch, measured in the same process, in the same rounds. Modes
 (``advpt.variants.VARIANTS``): ``random``, ``alternating`` (the paper's schedule), ``simultaneous``
 (one joint pass per step), ``importance`` and the others. A mode with a random-only warm-up
 (``context-warmup``) is timed after it (``--noiser_start_at 0``): the warm-up's steps are random

@@ -24,6 +24,7 @@ its preset's size, with its parameter count.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -100,7 +101,10 @@ def weight_share(trainer, batch, repeats: int) -> float:
     weight gradients: 1 - backward without them / backward with them."""
     encoder = trainer.encoder.module
     one_hot = torch.nn.functional.one_hot(batch.inputs, encoder.encoder.cfg.vocab_size).float()
-    masked = batch.random_masked
+    masked = batch.random_masked  # the masked-LM rows follow the batch's own counts
+    batch = dataclasses.replace(
+        batch, num_masked=int(masked.sum()), max_masked=int(masked.sum(1).max())
+    )
 
     def backward(weights: bool) -> float:
         """Median seconds of the backward call alone (its forward untimed)."""
