@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from advpt.config import parse_config
+from advpt.config.cli import parse
+from advpt.config.pretrain import TrainConfig
 from advpt.report import main
 from advpt.training.run_metrics import load_run
 from advpt.training.summary import compare_runs, format_duration, report_run, summarize
@@ -15,7 +16,7 @@ from tests.helpers import REPO, child_env
 
 def _write_run(run_dir, rows, mode="adversarial", tail=""):
     run_dir.mkdir(parents=True)
-    (run_dir / "config.json").write_text(json.dumps(parse_config(["--mode", mode]).to_dict()))
+    (run_dir / "config.json").write_text(json.dumps(parse(TrainConfig, ["--mode", mode]).to_dict()))
     text = "".join(json.dumps(r) + "\n" for r in rows) + tail
     (run_dir / "metrics.jsonl").write_text(text)
     return run_dir

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from advpt.config import BUNDLED_PROTEOME
+from advpt.config.pretrain import BUNDLED_PROTEOME
 from advpt.errors import DataError
 
 _PROTEOME_IN_PYHMMER = Path("tests", "data", "seqs", "938293.PRJEB85.HG003687.faa")

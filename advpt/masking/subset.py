@@ -19,7 +19,7 @@ from typing import get_args
 
 import torch
 
-from advpt.config import SamplerBackend
+from advpt.config.pretrain import SamplerBackend
 from advpt.kernels import fused_sampler_unavailable, fused_subset_loop
 
 logger = logging.getLogger(__name__)

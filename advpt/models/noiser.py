@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from advpt.config import NoiserArch
+from advpt.config.pretrain import NoiserArch
 from advpt.masking.adversarial import num_scores
 from advpt.models.encoder import EncoderConfig, ProteinEncoder
 from advpt.tokenizer import Vocabulary
