@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import numpy as np
 
@@ -56,7 +57,9 @@ TASKS: dict[str, TaskSpec] = {
     ),
     "stability": TaskSpec("stability", "stability_score", REGRESSION, 1, ("test",), "spearman"),
 }
+Task = Literal[tuple(TASKS)]
 SS_LABELS = {"ss3": 3, "ss8": 8}  # secondary structure in 3 (the paper's) or 8 (DSSP) classes
+SecondaryStructureLabels = Literal[tuple(SS_LABELS)]
 
 
 def task_spec(name: str, ss_label: str = "ss3") -> TaskSpec:

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from advpt.config.pretrain import BUNDLED_PROTEOME
+from advpt.data.bundled import BUNDLED_PROTEOME
 from advpt.data.cache import locate
 from advpt.data.prepare import prepare
 from advpt.data.prepared import ProteinDataset

@@ -53,7 +53,8 @@ import torch
 
 from advpt.command import DEBUG_HELP, command
 from advpt.config.cli import parse
-from advpt.config.pretrain import BUNDLED_PROTEOME, DataConfig, OptimConfig, TrainConfig
+from advpt.config.pretrain import DataConfig, OptimConfig, TrainConfig
+from advpt.data.bundled import BUNDLED_PROTEOME
 from advpt.data.collate import Batch, MaskingCollator
 from advpt.data.dataset import CroppedView
 from advpt.data.stream import ValidationBatches

@@ -7,14 +7,8 @@ import typing
 import pytest
 
 from advpt.config.cli import OLD_SECTIONS, build_parser, parse
-from advpt.config.finetune import FinetuneConfig, Pooling, SecondaryStructureLabels, Task
-from advpt.config.pretrain import (
-    EncoderPreset,
-    MethodConfig,
-    ModelConfig,
-    NoiserPreset,
-    TrainConfig,
-)
+from advpt.config.finetune import FinetuneConfig
+from advpt.config.pretrain import MethodConfig, ModelConfig, TrainConfig
 from advpt.config.section import field_docs
 from advpt.errors import ConfigError
 from advpt.models import ENCODER_PRESETS, NOISER_PRESETS, TRANSFORMER_NOISER_PRESETS
@@ -80,13 +74,19 @@ def test_every_setting_has_help_that_reaches_help_output(root):
         assert f"--{f.name}" in text
 
 
-def test_choices_are_those_of_the_modules_that_implement_them():
-    assert typing.get_args(EncoderPreset) == tuple(ENCODER_PRESETS)
-    assert typing.get_args(NoiserPreset) == tuple(NOISER_PRESETS)
+def test_the_choices_of_a_flag_are_those_of_the_code_that_implements_them():
+    for name in ENCODER_PRESETS:
+        assert parse(TrainConfig, ["--encoder", name]).model.encoder == name
+        assert parse(FinetuneConfig, ["--encoder", name]).encoder == name
+    for name in NOISER_PRESETS:
+        assert parse(TrainConfig, ["--noiser", name]).model.noiser == name
     assert set(TRANSFORMER_NOISER_PRESETS) <= set(NOISER_PRESETS)
-    assert typing.get_args(Pooling) == POOLINGS
-    assert typing.get_args(SecondaryStructureLabels) == tuple(SS_LABELS)
-    assert typing.get_args(Task) == tuple(TASKS)
+    for task in TASKS:
+        assert parse(FinetuneConfig, ["--task", task]).task == task
+    for label in SS_LABELS:
+        assert parse(FinetuneConfig, ["--ss_label", label]).ss_label == label
+    for pooling in POOLINGS:
+        assert parse(FinetuneConfig, ["--pooling", pooling]).pooling == pooling
     finetune = FinetuneConfig()
     head = HeadConfig()
     assert (finetune.head_hidden_size, finetune.head_dropout, finetune.pooling) == (

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-from advpt.config.pretrain import EncoderPreset
 from advpt.config.section import Section
-
-Task = Literal["secondary_structure", "remote_homology", "fluorescence", "stability"]
-SecondaryStructureLabels = Literal["ss3", "ss8"]
-Pooling = Literal["mean", "cls"]
+from advpt.models.encoder import EncoderPreset
+from advpt.models.heads import Pooling
+from advpt.tasks import SecondaryStructureLabels, Task
 
 
 @dataclass

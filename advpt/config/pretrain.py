@@ -9,8 +9,9 @@ settings (batch sizes, precision, optimizer, ZeRO) stay in the DeepSpeed JSONs
 
 To add a setting, add a documented field to the section it belongs to, and its constraint, if
 any, to that section's ``rules``: the flag, its help, the run-file key and the checks follow
-(``advpt.config.cli``). The training variants compared by the benchmark and the study are in
-``advpt.variants``.
+(``advpt.config.cli``). A choice that code implements is declared beside that code (the presets
+of ``advpt.models``, the sampler backends of ``advpt.masking.subset``, ...) and imported here.
+The training variants compared by the benchmark and the study are in ``advpt.variants``.
 """
 
 from __future__ import annotations
@@ -21,21 +22,16 @@ from typing import Any, Literal
 
 from advpt.config.duration import duration_seconds
 from advpt.config.section import Section
+from advpt.data.bundled import BUNDLED_PROTEOME
+from advpt.data.sampling import SampleBy
+from advpt.masking.subset import SamplerBackend
+from advpt.models.encoder import EncoderPreset
+from advpt.models.noiser import NoiserArch, NoiserPreset
 
-BUNDLED_PROTEOME = "bundled:proteome"
-"""The ``--data`` value naming the real proteome that ships with advpt (``advpt.data.bundled``)."""
-
+# The method's own switches, which the training loop reads from here.
 Mode = Literal["adversarial", "random"]
 Schedule = Literal["alternating", "simultaneous"]
 Estimator = Literal["mixed", "importance"]
-SamplerBackend = Literal["auto", "torch", "cuda"]
-NoiserArch = Literal["gru", "transformer"]
-EncoderPreset = Literal[
-    "tape-base", "small", "tiny",
-    "esm2_t6_8M", "esm2_t12_35M", "esm2_t30_150M", "esm2_t33_650M", "esm2_t36_3B", "esm2_tiny",
-]  # fmt: skip
-NoiserPreset = Literal["paper", "small", "tiny"]
-SampleBy = Literal["record", "cluster"]
 
 TRACKERS = ("tensorboard", "wandb", "mlflow", "csv")
 """Where a run's metrics can go besides metrics.jsonl (``advpt.training.trackers``)."""
