@@ -1,7 +1,7 @@
 """Entry point: ``deepspeed advpt/train.py --deepspeed_config ... [flags]``.
 
 Also runs as one process without the launcher: ``python -m advpt.train ...``. See
-``python -m advpt.train --help`` for every flag and ``advpt/config.py`` for what each does.
+``python -m advpt.train --help`` for every flag and ``advpt/config/pretrain.py`` for what each does.
 """
 
 from __future__ import annotations
