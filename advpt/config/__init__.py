@@ -6,5 +6,8 @@
 - ``finetune``: fine-tuning's (``FinetuneConfig``);
 - ``duration``: ``--max_time`` values (``90m``, Slurm's ``D-HH:MM:SS``) in seconds.
 
-Training reads ``pretrain`` and ``finetune``; only the entry points read ``cli``.
+``section``, ``cli`` and ``duration`` sit at the base of the house. ``pretrain`` and ``finetune``
+import their choices (presets, backends, tasks) from the code that implements them, so they stand
+above ``data``, ``masking`` and ``models`` and below ``training``; only the entry points read
+``cli``.
 """

@@ -1,9 +1,10 @@
 """A section of settings: a documented dataclass whose fields are checked against their types.
 
 Each field's ``--help`` text is the docstring written under it (:func:`field_docs`); its declared
-type is the check (:func:`checked`): a ``Literal`` admits its choices only, an integer is no
-float's ``yes``, ``X | None`` admits unset. A section adds the constraints between its fields in
-its ``rules``, beside them. Nothing here knows flags or run files (``advpt.config.cli``).
+type is the check (:func:`checked`): a ``Literal`` admits its choices only, an integer field no
+YAML ``yes``, a float field an integer too, and ``X | None`` also unset. A section adds the
+constraints between its fields in its ``rules``, beside them. Nothing here knows flags or run
+files (``advpt.config.cli``).
 """
 
 from __future__ import annotations
