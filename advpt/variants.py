@@ -1,6 +1,6 @@
 """The training variants that the throughput benchmark and the masking study compare.
 
-Each is a list of flags added to a run's own (``parse_config([*VARIANTS[name], ...])``).
+Each is a list of flags added to a run's own (``parse(TrainConfig, [*VARIANTS[name], ...])``).
 ``alternating`` is the paper's method, ``random`` its baseline (20% random masking, the paper's
 total), ``random-15`` BERT's 15%; the others change one thing of the paper's setting,
 ``context-warmup`` two (a context-only noiser that starts after a quarter of the encoder steps

@@ -4,21 +4,20 @@ It reads the *unmasked* sequence and returns, per token, ``1 + 2 + A`` scores: t
 score, then the mask-option scores ``[MASK]``, keep and replace-by-each-of-the-A residues.
 Two architectures: the paper's GRU, and a small transformer (the encoder's own layers), the
 "higher-capacity noiser" the paper's conclusion found too unstable; see ``TransformerNoiser``
-and the stabilizers in ``advpt.config`` (entropy bonus, noiser warmup, collapse alarm).
+and the stabilizers in ``advpt.config.pretrain`` (entropy bonus, noiser warmup, collapse alarm).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import get_args
+from typing import Literal, get_args
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from advpt.config import NoiserArch
 from advpt.masking.adversarial import num_scores
 from advpt.models.encoder import EncoderConfig, ProteinEncoder
 from advpt.tokenizer import Vocabulary
@@ -41,6 +40,7 @@ NOISER_PRESETS: dict[str, NoiserConfig] = {
     "small": NoiserConfig(embedding_size=128, hidden_size=64, num_layers=2),
     "tiny": NoiserConfig(embedding_size=16, hidden_size=16, num_layers=1),
 }
+NoiserPreset = Literal[tuple(NOISER_PRESETS)]  # the --noiser choices: paper | small | tiny
 
 
 class GRUNoiser(nn.Module):
@@ -143,7 +143,8 @@ class TransformerNoiser(nn.Module):
         return self.head(self.body(ids, valid, has_padding)).float()
 
 
-NOISER_ARCHITECTURES = get_args(NoiserArch)  # gru | transformer
+NoiserArch = Literal["gru", "transformer"]
+NOISER_ARCHITECTURES = get_args(NoiserArch)
 
 
 def build_noiser(

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from advpt.config import MaskingConfig
+from advpt.config.pretrain import MaskingConfig
 from advpt.data.collate import Batch
 from advpt.masking.adversarial import (
     AdversarialSample,

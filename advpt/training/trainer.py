@@ -42,7 +42,7 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 from torch import nn
 
-from advpt.config import TrainConfig
+from advpt.config.pretrain import TrainConfig
 from advpt.data.collate import Batch
 from advpt.data.stream import MicroBatches, ValidationBatches, stream_loader
 from advpt.errors import CheckpointError, NonFiniteError, cannot_write
