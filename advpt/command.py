@@ -65,6 +65,10 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+DEBUG_HELP = "on an error, show its traceback, not only its one sentence"
+"""The ``--help`` line of ``--debug``, which every command takes (:func:`debug_requested`)."""
+
+
 def debug_requested(argv: list[str] | None) -> bool:
     """Whether ``--debug`` is among the arguments (known before they are parsed, which may fail)."""
     return "--debug" in (sys.argv[1:] if argv is None else argv)

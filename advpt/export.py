@@ -32,8 +32,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from advpt.command import command
-from advpt.config import DEBUG_HELP
+from advpt.command import DEBUG_HELP, command
 from advpt.errors import WRITE_ERRORS, CheckpointError, OutputError, cannot_write
 from advpt.models.encoder import Encoder, MaskedLanguageModel
 from advpt.models.exports import save_export

@@ -39,7 +39,8 @@ import torch.distributed as dist  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from advpt.command import command, rank  # noqa: E402
-from advpt.config import FinetuneConfig, parse_finetune_config  # noqa: E402
+from advpt.config.cli import parse  # noqa: E402
+from advpt.config.finetune import FinetuneConfig  # noqa: E402
 from advpt.data.batching import LengthBucketedBatches  # noqa: E402
 from advpt.data.tape_tasks import TaskSplit, collate, read_split  # noqa: E402
 from advpt.errors import WRITE_ERRORS, ConfigError, cannot_write  # noqa: E402
@@ -312,7 +313,7 @@ def _summary(results: dict[str, Any]) -> str:
 @command
 def main(argv: list[str] | None = None) -> int:
     """Exit code 0, or 2 with one sentence naming the input, setting or file that failed."""
-    config = parse_finetune_config(argv)
+    config = parse(FinetuneConfig, argv)
     run_dir = Path(config.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run_dir {run_dir} is a file, not a directory")

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from advpt.config import DEBUG_HELP
+from advpt.command import DEBUG_HELP
 from advpt.errors import CheckpointError, ConfigError, OutputError
 from advpt.models.encoder import Encoder, MaskedLanguageModel
 from advpt.models.weights import encoder_of

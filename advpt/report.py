@@ -12,8 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from advpt.command import command
-from advpt.config import DEBUG_HELP
+from advpt.command import DEBUG_HELP, command
 from advpt.errors import ReportError
 from advpt.training.summary import COMPARISON, compare_runs, report_run
 

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from advpt.command import command
+from advpt.correlation import spearman
 from advpt.errors import (
     ConfigError,
     DataError,
@@ -227,32 +228,6 @@ def score_variants(
 
 
 METHODS = ("masked-marginal", "wt-marginal")
-
-
-# ----------------------------------------------------------------------------- Spearman
-
-
-def average_ranks(values: np.ndarray) -> np.ndarray:
-    """1-based ranks of ``values`` ``[n]``, tied values sharing the mean of their ranks."""
-    order = np.argsort(values, kind="stable")
-    ordered = values[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-    ends = np.r_[starts[1:], len(values)]
-    ranks = np.empty(len(values))
-    ranks[order] = np.repeat((starts + ends + 1) / 2, ends - starts)
-    return ranks
-
-
-def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    """Spearman's rho of ``x`` and ``y`` ``[n]`` (ties: average ranks); NaN where a side is
-    constant or fewer than two pairs are finite."""
-    keep = np.isfinite(x) & np.isfinite(y)
-    if keep.sum() < 2:
-        return math.nan
-    rx, ry = average_ranks(x[keep]), average_ranks(y[keep])
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    denominator = math.sqrt(float((rx * rx).sum() * (ry * ry).sum()))
-    return float((rx * ry).sum()) / denominator if denominator else math.nan
 
 
 def measured(table: VariantTable, path: Path) -> np.ndarray | None:

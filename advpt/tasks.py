@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import numpy as np
 
+from advpt.correlation import spearman
 from advpt.errors import DataError
 
 # What a task predicts, which decides the head and the loss.
@@ -56,7 +58,9 @@ TASKS: dict[str, TaskSpec] = {
     ),
     "stability": TaskSpec("stability", "stability_score", REGRESSION, 1, ("test",), "spearman"),
 }
+Task = Literal[tuple(TASKS)]
 SS_LABELS = {"ss3": 3, "ss8": 8}  # secondary structure in 3 (the paper's) or 8 (DSSP) classes
+SecondaryStructureLabels = Literal[tuple(SS_LABELS)]
 
 
 def task_spec(name: str, ss_label: str = "ss3") -> TaskSpec:
@@ -74,28 +78,15 @@ def task_spec(name: str, ss_label: str = "ss3") -> TaskSpec:
 # ----------------------------------------------------------------------------- metrics
 
 
-def _average_ranks(values: np.ndarray) -> np.ndarray:
-    """1-based ranks, ties sharing their mean rank (as ``scipy.stats.rankdata``)."""
-    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-    last = np.cumsum(counts)  # rank of the last member of each group of equal values
-    return (last - (counts - 1) / 2.0)[inverse]
-
-
-def spearman(predictions: np.ndarray, targets: np.ndarray) -> float:
-    """Spearman's rho: Pearson's correlation of the average ranks (0 if either is constant)."""
-    a, b = _average_ranks(predictions), _average_ranks(targets)
-    a, b = a - a.mean(), b - b.mean()
-    denominator = math.sqrt(float((a * a).sum() * (b * b).sum()))
-    return float((a * b).sum() / denominator) if denominator else 0.0
-
-
 def score(kind: str, predictions: np.ndarray, targets: np.ndarray) -> dict[str, float]:
     """Metrics as the paper reports them: per-residue or per-protein top-1 accuracy for the
-    classification tasks (``predictions`` are class ids), Spearman's rho (and MSE) for the
-    regression tasks. ``predictions`` and ``targets`` are aligned 1-D arrays over the split."""
+    classification tasks (``predictions`` are class ids), Spearman's rho (0 where it is
+    undefined) and MSE for the regression tasks. ``predictions`` and ``targets`` are aligned 1-D
+    arrays over the split."""
     if kind == REGRESSION:
+        rho = spearman(predictions, targets)
         return {
-            "spearman": spearman(predictions, targets),
+            "spearman": 0.0 if math.isnan(rho) else rho,  # constant predictions rank nothing
             "mse": float(np.mean((predictions - targets) ** 2)),
         }
     return {"accuracy": float(np.mean(predictions == targets))}

@@ -1,7 +1,7 @@
 """Entry point: ``deepspeed advpt/train.py --deepspeed_config ... [flags]``.
 
 Also runs as one process without the launcher: ``python -m advpt.train ...``. See
-``python -m advpt.train --help`` for every flag and ``advpt/config.py`` for what each does.
+``python -m advpt.train --help`` for every flag and ``advpt/config/pretrain.py`` for what each does.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ if __package__ in (None, ""):
 import torch.distributed as dist  # noqa: E402
 
 from advpt.command import command  # noqa: E402
-from advpt.config import TrainConfig, parse_config  # noqa: E402
+from advpt.config.cli import parse  # noqa: E402
+from advpt.config.pretrain import TrainConfig  # noqa: E402
 from advpt.data.unigram import residue_counts, unigram_entropy  # noqa: E402
 from advpt.errors import EXIT_STOPPED, ConfigError, OutputError, ReportError  # noqa: E402
 from advpt.training import ranks  # noqa: E402
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     limit (--max_time, SLURM_JOB_END_TIME), after saving a checkpoint.
     """
     with StopSignals() as stop_signals, RunDirLock() as lock:
-        config = parse_config(argv)
+        config = parse(TrainConfig, argv)
         _check_run_dir(config)
         own_group = not dist.is_initialized()  # a caller's process group is left to the caller
         device = init_distributed()

@@ -1,6 +1,6 @@
 """The training variants that the throughput benchmark and the masking study compare.
 
-Each is a list of flags added to a run's own (``parse_config([*VARIANTS[name], ...])``).
+Each is a list of flags added to a run's own (``parse(TrainConfig, [*VARIANTS[name], ...])``).
 ``alternating`` is the paper's method, ``random`` its baseline (20% random masking, the paper's
 total); ``random-15`` is BERT's 15%, ``random-40`` the higher rate Wettig et al. (2023) found
 better, ``span`` SpanBERT's contiguous spans at the paper's 20%: the free heuristics. The others

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from advpt.config import BUNDLED_PROTEOME
+from advpt.data.bundled import BUNDLED_PROTEOME
 from advpt.data.cache import locate
 from advpt.data.prepare import prepare
 from advpt.data.prepared import ProteinDataset
@@ -243,7 +243,8 @@ def main() -> None:
             print(f"{label}: {wall:.1f} s, {mb / wall:.0f} MB/s (this process's CPU: {cpu:.1f} s); "
                   f"{results['prepared_mb']:.0f} MB prepared")  # fmt: skip
 
-        from advpt.config import parse_config
+        from advpt.config.cli import parse
+        from advpt.config.pretrain import TrainConfig
         from advpt.training.build import build_data
 
         prepared = workdir / "prepared_1"
@@ -252,7 +253,7 @@ def main() -> None:
             start = time.perf_counter()
             ProteinDataset(prepared)
             opens.append(time.perf_counter() - start)
-        config = parse_config(["--data", str(prepared), "--max_length", "512"])
+        config = parse(TrainConfig, ["--data", str(prepared), "--max_length", "512"])
         start = time.perf_counter()
         stream, _ = build_data(config, micro_batch=32, rank=0, world=1)
         stream[0]

@@ -68,7 +68,8 @@ if "--cpu" in sys.argv:  # before DeepSpeed picks its accelerator
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from advpt.config import parse_config  # noqa: E402
+from advpt.config.cli import parse  # noqa: E402
+from advpt.config.pretrain import TrainConfig  # noqa: E402
 from advpt.data.stream import stream_loader  # noqa: E402
 from advpt.models import ENCODER_PRESETS  # noqa: E402
 from advpt.training.build import build_trainer, init_distributed  # noqa: E402
@@ -142,7 +143,7 @@ def build(args, mode: str, cell: dict, work: Path, device: torch.device):
         )
         path.write_text(json.dumps(config))
         paths.append(str(path))
-    config = parse_config([
+    config = parse(TrainConfig, [
         "--deepspeed_config", paths[0], "--noiser_deepspeed_config", paths[1],
         *VARIANTS[mode], "--encoder", args.preset, "--noiser", args.noiser,
         "--max_length", str(args.max_length),

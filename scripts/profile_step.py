@@ -39,7 +39,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from advpt.config import parse_config  # noqa: E402
+from advpt.config import TrainConfig, parse  # noqa: E402
 from advpt.data.stream import stream_loader  # noqa: E402
 from advpt.models import ENCODER_PRESETS, build_noiser  # noqa: E402
 from advpt.training.build import build_trainer, init_distributed  # noqa: E402
@@ -69,7 +69,7 @@ def build(args, mode: str, work: Path):
         path = work / f"{name}.json"
         path.write_text(json.dumps(simple_ds_config(args.micro_batch, lr=1e-4)))
         paths.append(str(path))
-    config = parse_config([
+    config = parse(TrainConfig, [
         "--deepspeed_config", paths[0], "--noiser_deepspeed_config", paths[1],
         *VARIANTS[mode],
         "--encoder", args.preset, "--noiser", args.noiser, "--max_length", str(args.max_length),

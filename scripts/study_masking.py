@@ -51,15 +51,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from advpt.command import command
-from advpt.config import (
-    BUNDLED_PROTEOME,
-    DEBUG_HELP,
-    DataConfig,
-    OptimConfig,
-    TrainConfig,
-    parse_config,
-)
+from advpt.command import DEBUG_HELP, command
+from advpt.config.cli import parse
+from advpt.config.pretrain import DataConfig, OptimConfig, TrainConfig
+from advpt.data.bundled import BUNDLED_PROTEOME
 from advpt.data.collate import Batch, MaskingCollator
 from advpt.data.dataset import CroppedView
 from advpt.data.stream import ValidationBatches
@@ -140,7 +135,7 @@ def run_config(variant: str, size: Size, run_dir: Path, seed: int, data: str) ->
     encoder_json.write_text(json.dumps(simple_ds_config(size.micro_batch, lr=size.encoder_lr)))
     noiser_json.write_text(json.dumps(simple_ds_config(size.micro_batch, lr=size.noiser_lr)))
     n = size.encoder_updates
-    return parse_config([
+    return parse(TrainConfig, [
         "--noiser_steps", str(size.cycle), "--encoder_steps", str(size.cycle),
         *VARIANTS[variant],  # after the cycle: a variant's own ratio wins
         "--deepspeed_config", str(encoder_json), "--noiser_deepspeed_config", str(noiser_json),

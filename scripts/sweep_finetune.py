@@ -29,8 +29,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
-from advpt.command import command  # noqa: E402
-from advpt.config import DEBUG_HELP  # noqa: E402
+from advpt.command import DEBUG_HELP, command  # noqa: E402
 from advpt.errors import ConfigError  # noqa: E402
 from advpt.tasks import TASKS  # noqa: E402
 

@@ -43,13 +43,14 @@ def build_tiny_trainer(tmp_path: Path, *extra_args: str, run_dir: Path | None = 
     """
     import torch
 
-    from advpt.config import parse_config
+    from advpt.config.cli import parse
+    from advpt.config.pretrain import TrainConfig
     from advpt.training.build import build_trainer
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     run_dir = run_dir or tmp_path / "run"
     args = tiny_run_args(tmp_path, run_dir, **ds_extra) + ["--num_workers", "0"]
-    config = parse_config(args + list(extra_args))
+    config = parse(TrainConfig, args + list(extra_args))
     torch.manual_seed(0)
     trainer = build_trainer(config, torch.device("cpu"))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -61,14 +62,15 @@ def build_with_noiser_json(tmp_path, noiser_settings: dict, *flags: str, **ds):
     """A tiny trainer whose noiser DeepSpeed JSON gets ``noiser_settings`` on top."""
     import torch
 
-    from advpt.config import parse_config
+    from advpt.config.cli import parse
+    from advpt.config.pretrain import TrainConfig
     from advpt.training.build import build_trainer
 
     args = tiny_run_args(tmp_path, tmp_path / "run", **ds)
     noiser_json = tmp_path / "noiser.json"
     noiser_json.write_text(json.dumps({**json.loads(noiser_json.read_text()), **noiser_settings}))
     torch.manual_seed(0)
-    config = parse_config([*args, "--num_workers", "0", *flags])
+    config = parse(TrainConfig, [*args, "--num_workers", "0", *flags])
     return build_trainer(config, torch.device("cpu"))
 
 

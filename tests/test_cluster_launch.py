@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from advpt.config import parse_config
+from advpt.config.cli import parse
+from advpt.config.pretrain import TrainConfig
 from advpt.errors import ConfigError
 from advpt.training.launch import MPI_DEFAULT_PORT, Launch, discover, expand_hostlist, slurm_port
 from tests.helpers import REPO, child_env, read_metrics, run_module, tiny_run_args
@@ -316,7 +317,7 @@ def test_every_flag_the_slurm_scripts_pass_is_an_advpt_train_flag(monkeypatch):
     monkeypatch.setenv("RUN_DIR", "runs/adv")
     commands = [c for script in SLURM_SCRIPTS for c in advpt_train_commands(script)]
     assert len(commands) == 1  # in pretrain.sh, run by both sbatch scripts
-    config = parse_config(commands[0])
+    config = parse(TrainConfig, commands[0])
     assert config.run.resume and config.dataset.data == "uniref50.fasta.gz"
     assert (config.model.noiser_context_only, config.method.noiser_start_at) == (True, 0.25)
 

@@ -6,22 +6,10 @@ import typing
 
 import pytest
 
-from advpt.config import (
-    OLD_SECTIONS,
-    EncoderPreset,
-    FinetuneConfig,
-    MethodConfig,
-    ModelConfig,
-    NoiserPreset,
-    Pooling,
-    SecondaryStructureLabels,
-    Task,
-    TrainConfig,
-    build_parser,
-    field_docs,
-    parse_config,
-    parse_finetune_config,
-)
+from advpt.config.cli import OLD_SECTIONS, build_parser, parse
+from advpt.config.finetune import FinetuneConfig
+from advpt.config.pretrain import MethodConfig, ModelConfig, TrainConfig
+from advpt.config.section import field_docs
 from advpt.errors import ConfigError
 from advpt.models import ENCODER_PRESETS, NOISER_PRESETS, TRANSFORMER_NOISER_PRESETS
 from advpt.models.heads import POOLINGS, HeadConfig
@@ -53,17 +41,17 @@ from advpt.variants import VARIANTS
 )
 def test_bad_settings_are_one_sentence_errors(flags, message):
     with pytest.raises(ConfigError, match=message):
-        parse_config(flags)
+        parse(TrainConfig, flags)
 
 
 def test_defaults_are_the_papers():
-    config = parse_config([])
+    config = parse(TrainConfig, [])
     assert config.method.schedule == "alternating"
     assert config.masking.estimator == "mixed"
     assert config.model.noiser_arch == "gru" and not config.model.noiser_context_only
     assert config.masking.noiser_entropy_bonus == 0.0
     assert config.masking_rates() == (0.1, 0.1)
-    importance = parse_config(["--estimator", "importance"])
+    importance = parse(TrainConfig, ["--estimator", "importance"])
     assert importance.masking_rates() == (0.0, pytest.approx(0.2))
 
 
@@ -86,13 +74,19 @@ def test_every_setting_has_help_that_reaches_help_output(root):
         assert f"--{f.name}" in text
 
 
-def test_choices_are_those_of_the_modules_that_implement_them():
-    assert typing.get_args(EncoderPreset) == tuple(ENCODER_PRESETS)
-    assert typing.get_args(NoiserPreset) == tuple(NOISER_PRESETS)
+def test_the_choices_of_a_flag_are_those_of_the_code_that_implements_them():
+    for name in ENCODER_PRESETS:
+        assert parse(TrainConfig, ["--encoder", name]).model.encoder == name
+        assert parse(FinetuneConfig, ["--encoder", name]).encoder == name
+    for name in NOISER_PRESETS:
+        assert parse(TrainConfig, ["--noiser", name]).model.noiser == name
     assert set(TRANSFORMER_NOISER_PRESETS) <= set(NOISER_PRESETS)
-    assert typing.get_args(Pooling) == POOLINGS
-    assert typing.get_args(SecondaryStructureLabels) == tuple(SS_LABELS)
-    assert typing.get_args(Task) == tuple(TASKS)
+    for task in TASKS:
+        assert parse(FinetuneConfig, ["--task", task]).task == task
+    for label in SS_LABELS:
+        assert parse(FinetuneConfig, ["--ss_label", label]).ss_label == label
+    for pooling in POOLINGS:
+        assert parse(FinetuneConfig, ["--pooling", pooling]).pooling == pooling
     finetune = FinetuneConfig()
     head = HeadConfig()
     assert (finetune.head_hidden_size, finetune.head_dropout, finetune.pooling) == (
@@ -116,13 +110,13 @@ def test_run_file_values_are_checked_against_the_declared_types(tmp_path, conten
     run_file = tmp_path / "run.yaml"
     run_file.write_text(content)
     with pytest.raises(ConfigError, match=f"run file {run_file}: setting .*{message}|{message}"):
-        parse_config(["--config", str(run_file)])
+        parse(TrainConfig, ["--config", str(run_file)])
 
 
 def test_an_integer_is_a_float_and_flags_override_the_file_with_their_declared_type(tmp_path):
     run_file = tmp_path / "run.json"
     run_file.write_text(json.dumps({"masking": {"random_rate": 0}, "optim": {"max_steps": 5}}))
-    config = parse_config(["--config", str(run_file), "--max_steps", "2"])
+    config = parse(TrainConfig, ["--config", str(run_file), "--max_steps", "2"])
     assert config.masking.random_rate == 0.0 and isinstance(config.masking.random_rate, float)
     assert config.optim.max_steps == 2
 
@@ -135,29 +129,29 @@ def test_a_yaml_alias_bomb_is_refused_in_a_short_sentence(tmp_path):
     run_file = tmp_path / "bomb.yaml"
     run_file.write_text(f"max_steps: [{', '.join(anchors)}]\n")
     with pytest.raises(ConfigError, match="'max_steps' must be an integer, got \\[\\[") as caught:
-        parse_config(["--config", str(run_file)])
+        parse(TrainConfig, ["--config", str(run_file)])
     assert len(str(caught.value)) < 250
 
 
 def test_finetune_settings_share_the_style(tmp_path):
-    config = parse_finetune_config(["--task", "fluorescence", "--lr", "3e-5", "--batch_size", "8"])
+    config = parse(FinetuneConfig, ["--task", "fluorescence", "--lr", "3e-5", "--batch_size", "8"])
     assert (config.task, config.lr, config.batch_size) == ("fluorescence", 3e-5, 8)
     assert config.run_dir == "runs/finetune/fluorescence"
     with pytest.raises(ConfigError, match="'task' must be secondary_structure"):
-        parse_finetune_config(["--task", "contact"])
+        parse(FinetuneConfig, ["--task", "contact"])
     run_file = tmp_path / "ft.yaml"
     run_file.write_text("lr: null\nepochs: 2\n")
-    assert parse_finetune_config(["--config", str(run_file)]).lr is None
+    assert parse(FinetuneConfig, ["--config", str(run_file)]).lr is None
 
 
 def test_every_training_variant_is_a_valid_set_of_flags():
     rates = {"random-15": 0.15, "random-40": 0.4}  # the others mask the paper's 20%
     for name, flags in VARIANTS.items():
-        config = parse_config(flags)
+        config = parse(TrainConfig, flags)
         random = name.startswith("random") or name == "span"
         assert config.method.mode == ("random" if random else "adversarial"), name
         assert sum(config.masking_rates()) == pytest.approx(rates.get(name, 0.2)), name
-    assert parse_config(VARIANTS["span"]).masking.random_masking == "span"
+    assert parse(TrainConfig, VARIANTS["span"]).masking.random_masking == "span"
 
 
 def test_section_names_are_no_setting_names_and_old_ones_are_settings_only():
@@ -195,7 +189,7 @@ def test_old_sections_new_sections_and_flat_keys_read_the_same(tmp_path):
     for name, content in [("old", OLD_RUN_FILE), ("new", NEW_RUN_FILE), ("flat", FLAT_RUN_FILE)]:
         run_file = tmp_path / f"{name}.yaml"
         run_file.write_text(content)
-        configs.append(parse_config(["--config", str(run_file)]))
+        configs.append(parse(TrainConfig, ["--config", str(run_file)]))
     assert configs[0] == configs[1] == configs[2]
     config = configs[0]
     assert (config.dataset.data, config.method.schedule, config.optim.max_steps) == (
@@ -203,21 +197,21 @@ def test_old_sections_new_sections_and_flat_keys_read_the_same(tmp_path):
         "simultaneous",
         200,
     )
-    assert config != parse_config([])
+    assert config != parse(TrainConfig, [])
 
 
 def test_a_runs_config_json_reads_back_as_a_run_file(tmp_path):
-    config = parse_config(["--mode", "random", "--data", "x.fasta", "--max_steps", "7"])
+    config = parse(TrainConfig, ["--mode", "random", "--data", "x.fasta", "--max_steps", "7"])
     run_file = tmp_path / "config.json"
     run_file.write_text(json.dumps(config.to_dict()))
-    assert parse_config(["--config", str(run_file)]) == config
+    assert parse(TrainConfig, ["--config", str(run_file)]) == config
 
 
 def test_a_section_key_must_hold_a_mapping(tmp_path):
     run_file = tmp_path / "run.yaml"
     run_file.write_text("masking: 0.1\n")
     with pytest.raises(ConfigError, match="section 'masking' must hold a mapping of settings"):
-        parse_config(["--config", str(run_file)])
+        parse(TrainConfig, ["--config", str(run_file)])
 
 
 @pytest.mark.parametrize(

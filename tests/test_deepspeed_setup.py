@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from advpt import ds_configs
-from advpt.config import FinetuneConfig, TrainConfig, field_docs
+from advpt.config.finetune import FinetuneConfig
+from advpt.config.pretrain import TrainConfig
+from advpt.config.section import field_docs
 from advpt.errors import ConfigError
 from advpt.training.engines import build_engine, current_lr, load_ds_config
 from tests.helpers import REPO, build_tiny_trainer, child_env, launcher_command, tiny_run_args

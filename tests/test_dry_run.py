@@ -35,7 +35,8 @@ from deepspeed.runtime.config import DeepSpeedConfig
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from advpt.config import parse_config
+from advpt.config.cli import parse
+from advpt.config.pretrain import TrainConfig
 from advpt.data.collate import Batch, MaskingCollator
 from advpt.data.tape_tasks import TaskSplit, collate
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
@@ -204,7 +205,7 @@ CASES = {
 def test_a_micro_step_of_each_phase_stays_on_the_device(device: str, case: str):
     variant, phase, encoder_config, flags = CASES[case]
     device = torch.device(device)
-    config = parse_config([*VARIANTS[variant], *flags])
+    config = parse(TrainConfig, [*VARIANTS[variant], *flags])
     torch.manual_seed(0)
     preset = "tiny" if config.model.encoder in (None, "tape-base") else config.model.encoder
     encoder_cfg = dataclasses.replace(
@@ -255,7 +256,7 @@ def test_a_micro_step_of_each_phase_stays_on_the_device(device: str, case: str):
 @pytest.mark.parametrize("device", DEVICES)
 def test_validation_stays_on_the_device(device: str):
     device = torch.device(device)
-    config = parse_config(VARIANTS["random"])
+    config = parse(TrainConfig, VARIANTS["random"])
     torch.manual_seed(0)
     encoder = place(MaskedLanguageModel(ENCODER_PRESETS["tiny"]), device, "encoder/gpu-bf16")
     batches = collated_batches(config, TAPE)

@@ -73,7 +73,8 @@ def test_optimizer_state_resharded_from_two_ranks_equals_the_saved_one(tmp_path,
     concatenates the partitions in parameter order, not through the fragment map)."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-    from advpt.config import parse_config
+    from advpt.config.cli import parse
+    from advpt.config.pretrain import TrainConfig
     from advpt.training.build import build_trainer
 
     run_dir = tmp_path / "run"
@@ -83,7 +84,7 @@ def test_optimizer_state_resharded_from_two_ranks_equals_the_saved_one(tmp_path,
     saved = {key: _saved_full(run_dir / "checkpoints" / "encoder", tag, key, tmp_path) for key in
              ("fp32", "exp_avg", "exp_avg_sq")}  # fmt: skip
 
-    trainer = build_trainer(parse_config([*args, "--resume"]), torch.device("cpu"))
+    trainer = build_trainer(parse(TrainConfig, [*args, "--resume"]), torch.device("cpu"))
     adam = trainer.encoder.optimizer.optimizer
     fresh = [group["lr"] for group in adam.param_groups]  # the schedule's start
     assert trainer.restore()

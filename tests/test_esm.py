@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from advpt.config import ModelConfig
+from advpt.config.pretrain import ModelConfig
 from advpt.data.collate import MaskingCollator
 from advpt.errors import CheckpointError, ConfigError
 from advpt.masking import adversarial_corrupt, num_scores

@@ -11,7 +11,8 @@ import stat
 import pytest
 import torch
 
-from advpt.config import parse_finetune_config
+from advpt.config.cli import parse
+from advpt.config.finetune import FinetuneConfig
 from advpt.export import main as export_main
 from advpt.finetune import Finetuner
 from advpt.models import MaskedLanguageModel
@@ -86,7 +87,7 @@ def test_finetuning_reads_a_transformers_esm_directory(tmp_path, distributed):
     reference = save_tiny_esm(tmp_path / "esm")
     data = write_task(tmp_path / "data", "fluorescence", "json")
     args = finetune_args(data, "fluorescence", tmp_path / "run", "--max_steps", "2")
-    config = parse_finetune_config([*args, "--pretrained", str(tmp_path / "esm")])
+    config = parse(FinetuneConfig, [*args, "--pretrained", str(tmp_path / "esm")])
     finetuner = Finetuner(config, torch.device("cpu"))
     encoder = finetuner.engine.module.encoder
     assert torch.equal(encoder.token_embedding.weight, reference.lm_head.decoder.weight)

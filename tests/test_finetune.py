@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from advpt.config import parse_finetune_config
+from advpt.config.cli import parse
+from advpt.config.finetune import FinetuneConfig
 from advpt.data.batching import LengthBucketedBatches
 from advpt.data.tape_tasks import TaskSplit, collate, read_split
 from advpt.errors import DataError
@@ -297,7 +298,7 @@ def test_per_residue_head_runs_with_deepspeeds_half_precision_cast():
 def test_each_task_fine_tunes_and_scores_the_best_validation_step(tmp_path, distributed, task, fmt):
     data = write_task(tmp_path / "data", task, fmt)
     run_dir = tmp_path / "run"
-    config = parse_finetune_config(finetune_args(data, task, run_dir, "--weight_decay", "0.05"))
+    config = parse(FinetuneConfig, finetune_args(data, task, run_dir, "--weight_decay", "0.05"))
     results = run_finetune(config, torch.device("cpu"))
 
     metric = TASKS[task].metric
@@ -318,7 +319,7 @@ def test_each_task_fine_tunes_and_scores_the_best_validation_step(tmp_path, dist
 def test_learnable_signal_is_learned_far_above_chance(tmp_path, distributed):
     data = write_task(tmp_path / "data", "secondary_structure", "lmdb")
     args = finetune_args(data, "secondary_structure", tmp_path / "run", "--max_steps", "12")
-    results = run_finetune(parse_finetune_config(args + ["--eval_every", "6"]), torch.device("cpu"))
+    results = run_finetune(parse(FinetuneConfig, args + ["--eval_every", "6"]), torch.device("cpu"))
     for split in ("cb513", "casp12", "ts115"):  # chance: about 1/3
         assert results["splits"][split]["accuracy"] > 0.9
 
@@ -335,7 +336,7 @@ def test_same_seed_same_run_and_early_stopping(tmp_path, distributed):
     data = write_task(tmp_path / "data", "fluorescence", "json")
     first, second, other = (
         run_finetune(
-            parse_finetune_config(finetune_args(data, "fluorescence", tmp_path / name, *extra)),
+            parse(FinetuneConfig, finetune_args(data, "fluorescence", tmp_path / name, *extra)),
             torch.device("cpu"),
         )
         for name, extra in (("a", ()), ("b", ()), ("c", ("--seed", "1")))
@@ -345,7 +346,7 @@ def test_same_seed_same_run_and_early_stopping(tmp_path, distributed):
 
     # nothing is learned at lr 0, so the second validation is no improvement: patience 1 stops
     args = finetune_args(data, "fluorescence", tmp_path / "d", "--lr", "0", "--patience", "1")
-    stopped = run_finetune(parse_finetune_config(args + ["--max_steps", "8"]), torch.device("cpu"))
+    stopped = run_finetune(parse(FinetuneConfig, args + ["--max_steps", "8"]), torch.device("cpu"))
     assert stopped["stopped_early"] and stopped["steps"] == 4 and stopped["best_step"] == 2
 
 

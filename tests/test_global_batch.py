@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from advpt.config import TrainConfig, field_docs
+from advpt.config.pretrain import TrainConfig
+from advpt.config.section import field_docs
 from advpt.errors import CheckpointError, ConfigError
 from advpt.training.engines import load_ds_config
 from tests.helpers import build_tiny_trainer, write_ds_config

@@ -6,7 +6,8 @@ Beyond the paper. Real DeepSpeed engines on the CPU, as in test_training.py.
 import pytest
 import torch
 
-from advpt.config import parse_config
+from advpt.config.cli import parse
+from advpt.config.pretrain import TrainConfig
 from advpt.masking.adversarial import adversarial_corrupt
 from advpt.masking.importance import (
     importance_weights,
@@ -73,7 +74,7 @@ def test_importance_weighted_loss_estimates_the_uniform_masking_loss():
     )  # [rows, L, 2 + A], in option order
     uniform = float((by_option * uniform_option_probabilities(TAPE, ids.device)).sum(-1).mean())
 
-    clip = parse_config([]).masking.importance_clip
+    clip = parse(TrainConfig, []).masking.importance_clip
     draws = 50
     torch.manual_seed(0)
     samples = adversarial_corrupt(  # all draws at once: batch b of draw d is row d * rows + b

@@ -14,7 +14,9 @@ import time
 import psutil
 import pytest
 
-from advpt.config import duration_seconds, parse_config
+from advpt.config.cli import parse
+from advpt.config.duration import duration_seconds
+from advpt.config.pretrain import TrainConfig
 from advpt.errors import EXIT_STOPPED, ConfigError
 from advpt.training.preemption import (
     WALL_CLOCK,
@@ -43,19 +45,19 @@ NOT_DURATIONS = ["0", "00:00", "abc", "-5", "5x", "1:2:3:4", "1-2-3", "1-", "1-1
 @pytest.mark.parametrize("text", DURATIONS)
 def test_durations_in_every_format(text):
     assert duration_seconds(text) == DURATIONS[text]
-    assert parse_config(["--max_time", text]).run.max_seconds == DURATIONS[text]
+    assert parse(TrainConfig, ["--max_time", text]).run.max_seconds == DURATIONS[text]
 
 
 @pytest.mark.parametrize("text", NOT_DURATIONS)
 def test_a_bad_max_time_is_one_sentence_naming_it(text):
     assert duration_seconds(text) is None
     with pytest.raises(ConfigError, match=r"^--max_time .* is not a positive duration"):
-        parse_config(["--max_time", text])
+        parse(TrainConfig, ["--max_time", text])
 
 
 def test_unset_max_time_is_no_limit_or_slurm_job_end_time(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_END_TIME", raising=False)
-    assert parse_config([]).run.max_seconds is None
+    assert parse(TrainConfig, []).run.max_seconds is None
     assert job_deadline(None) is None
     monkeypatch.setenv("SLURM_JOB_END_TIME", "1795000000")
     assert job_deadline(None) == 1795000000

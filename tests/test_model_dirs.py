@@ -18,7 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from advpt.config import parse_config
+from advpt.config.cli import parse
+from advpt.config.pretrain import TrainConfig
 from advpt.export import main as export_main
 from advpt.finetune import main as finetune_main
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, ProteinEncoder
@@ -314,7 +315,7 @@ def test_init_from_trains_any_esm2_shape_without_encoder_and_resumes(tmp_path, d
     reference = save_tiny_esm(tmp_path / "esm", **SHAPE)
     args = _without_encoder(tiny_run_args(tmp_path, tmp_path / "run")) + ["--num_workers", "0"]
     args += ["--init_from", str(tmp_path / "esm"), "--checkpoint_every", "2", "--eval_every", "2"]
-    config = parse_config([*args, *STEPS])
+    config = parse(TrainConfig, [*args, *STEPS])
     assert config.model.encoder is None
     torch.manual_seed(0)
     trainer = build_trainer(config, torch.device("cpu"))

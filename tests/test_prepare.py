@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from advpt.config import parse_config
+from advpt.config.cli import parse
+from advpt.config.pretrain import TrainConfig
 from advpt.data.cache import locate, open_data
 from advpt.data.dataset import CroppedView
 from advpt.data.prepare import main, prepare
@@ -138,7 +139,7 @@ def test_a_failed_prepare_leaves_nothing_and_a_foreign_folder_is_refused(tmp_pat
 
 def _stream(config_args: list[str], micro_batch: int = 4) -> MicroBatches:
     """The training stream ``advpt.train`` would build for these flags (one rank)."""
-    config = parse_config(["--max_length", "64", *config_args])
+    config = parse(TrainConfig, ["--max_length", "64", *config_args])
     return build_data(config, micro_batch=micro_batch, rank=0, world=1)[0]
 
 

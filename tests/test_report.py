@@ -5,9 +5,12 @@ import subprocess
 import sys
 
 import pytest
+from matplotlib import pyplot
 
-from advpt.config import parse_config
+from advpt.config.cli import parse
+from advpt.config.pretrain import TrainConfig
 from advpt.report import main
+from advpt.training.plots import run_figure
 from advpt.training.run_metrics import load_run
 from advpt.training.summary import compare_runs, format_duration, report_run, summarize
 from tests.helpers import REPO, child_env
@@ -15,7 +18,7 @@ from tests.helpers import REPO, child_env
 
 def _write_run(run_dir, rows, mode="adversarial", tail=""):
     run_dir.mkdir(parents=True)
-    (run_dir / "config.json").write_text(json.dumps(parse_config(["--mode", mode]).to_dict()))
+    (run_dir / "config.json").write_text(json.dumps(parse(TrainConfig, ["--mode", mode]).to_dict()))
     text = "".join(json.dumps(r) + "\n" for r in rows) + tail
     (run_dir / "metrics.jsonl").write_text(text)
     return run_dir
@@ -58,6 +61,15 @@ def test_summary_of_a_resumed_adversarial_run(tmp_path):
     assert s.adversarial_loss == pytest.approx(2.6) and s.random_loss == pytest.approx(2.8)
     # windows of 10 s each (the third spans the resume) at 100, 300, 300 and 100 tokens/s
     assert s.tokens_per_s == pytest.approx(200.0)
+
+
+def test_the_plots_of_a_run_stand_on_the_encoder_step_axis_as_the_trackers_do(tmp_path):
+    figure = run_figure(load_run(_resumed_adversarial_run(tmp_path)))
+    loss = figure.axes[0]
+    encoder, noiser, validation = (line.get_xdata().tolist() for line in loss.get_lines())
+    assert (encoder, noiser, validation) == ([2, 4], [0, 2], [2, 4])  # not the steps 4, 8
+    assert {axes.get_xlabel() for axes in figure.axes} == {"encoder step"}
+    pyplot.close(figure)
 
 
 def test_report_text_and_plot_of_one_run(tmp_path):

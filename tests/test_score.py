@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from advpt.correlation import spearman
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.exports import save_export
 from advpt.models.tape import save_tape
-from advpt.score import average_ranks, main, spearman
+from advpt.score import main
 from tests.helpers import REPO, child_env, save_tiny_esm
 
 transformers = pytest.importorskip("transformers")
@@ -183,18 +184,6 @@ def test_a_model_trained_to_a_known_answer_ranks_the_scan(tmp_path, capsys):
     rho = spearman(np.array([got[v] for v in dms]), measured)
     assert rho > 0.85
     assert f"Spearman's rho against DMS_score: {rho:.4f}" in capsys.readouterr().out
-
-
-def test_spearman_handles_ties_and_constants():
-    assert average_ranks(np.array([10.0, 20.0, 20.0, 5.0])).tolist() == [2.0, 3.5, 3.5, 1.0]
-    x = np.array([1.0, 2.0, 2.0, 3.0, 4.0, 5.0])
-    y = np.array([2.0, 1.0, 4.0, 3.0, 3.0, 6.0])
-    # Ranks 1 2.5 2.5 4 5 6 and 2 1 5 3.5 3.5 6: covariance 11, variances 17 (as scipy's
-    # spearmanr gives it).
-    assert spearman(x, y) == pytest.approx(11 / 17, abs=1e-12)
-    assert spearman(x, -x) == pytest.approx(-1.0)
-    assert spearman(x, np.r_[y[:-1], np.nan]) == pytest.approx(spearman(x[:-1], y[:-1]))
-    assert math.isnan(spearman(x, np.ones_like(x)))
 
 
 def test_the_command_runs_as_a_module(hf_model, tmp_path):

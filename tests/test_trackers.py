@@ -70,12 +70,13 @@ def test_a_resumed_run_rewrites_the_csv_after_its_checkpoint(tmp_path, distribut
 
 
 def test_tracker_names_and_missing_packages_are_one_sentence(tmp_path):
-    from advpt.config import parse_config
+    from advpt.config.cli import parse
+    from advpt.config.pretrain import TrainConfig
 
     args = tiny_run_args(tmp_path, tmp_path / "run")
     with pytest.raises(ConfigError, match="unknown tracker 'neptune'; choose from tensorboard"):
-        parse_config([*args, "--tracker", "tensorboard,neptune"])
-    assert parse_config([*args, "--tracker", "none"]).run.trackers == []
+        parse(TrainConfig, [*args, "--tracker", "tensorboard,neptune"])
+    assert parse(TrainConfig, [*args, "--tracker", "none"]).run.trackers == []
 
     # A package that is not installed: a module of that name that cannot be imported.
     hidden = tmp_path / "hidden"

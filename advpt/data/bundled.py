@@ -15,8 +15,10 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from advpt.config import BUNDLED_PROTEOME
 from advpt.errors import DataError
+
+BUNDLED_PROTEOME = "bundled:proteome"
+"""The ``--data`` value naming this proteome."""
 
 _PROTEOME_IN_PYHMMER = Path("tests", "data", "seqs", "938293.PRJEB85.HG003687.faa")
 

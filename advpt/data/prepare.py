@@ -38,8 +38,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from advpt.command import command, stopping_on_signals
-from advpt.config import DEBUG_HELP
+from advpt.command import DEBUG_HELP, command, stopping_on_signals
 from advpt.data.bundled import resolve_data_path
 from advpt.data.prepared import ENCODING, FILES, FORMAT, MANIFEST, VERSION, is_prepared
 from advpt.data.readers import (

@@ -19,7 +19,7 @@ integers and the memory-mapped arrays, so a rank holds nothing per record:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -28,6 +28,8 @@ from advpt.data.keyed import Permutation, hash64, hash_ints
 
 # Distinct keys keep the random choices of different purposes independent.
 SPLIT, MEMBER, SAMPLE = 1, 2, 3
+
+SampleBy = Literal["record", "cluster"]  # what a training item is (--sample_by)
 
 
 class Selection(Protocol):
@@ -149,7 +151,7 @@ def split(
     clusters: ClusterIndex | None,
     fraction: float,
     seed: int,
-    sample_by: str = "record",
+    sample_by: SampleBy = "record",
 ) -> tuple[Selection, Selection]:
     """``(train, held_out)`` selections, disjoint, by record or (given clusters) by cluster."""
     if clusters is None:

@@ -4,11 +4,15 @@ and SpanBERT's contiguous spans (a free heuristic the learned masker has to beat
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 
 from advpt.masking.subset import subset_sizes
 from advpt.tokenizer import Vocabulary
+
+RandomMasking = Literal["token", "span"]
+"""How random masking picks its positions: token by token (BERT's) or in spans (SpanBERT's)."""
 
 # BERT's 80/10/10 corruption of a masked token: MASK_SHARE become <mask>, KEEP_SHARE stay unchanged
 # (still scored), the rest become a residue drawn uniformly from all of them.

@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import get_args
+from typing import Literal, get_args
 
 import torch
 
-from advpt.config import SamplerBackend
 from advpt.kernels import fused_sampler_unavailable, fused_subset_loop
 
 logger = logging.getLogger(__name__)
 
 # auto: the fused kernel for CUDA tensors when it builds, else the reference; torch: always the
 # reference; cuda: always the kernel, an error where it cannot run.
-BACKENDS = get_args(SamplerBackend)  # auto | torch | cuda
+SamplerBackend = Literal["auto", "torch", "cuda"]
+BACKENDS = get_args(SamplerBackend)
 
 # The paper's epsilon. log(1e-18) = -41.4 excludes a position decisively only in float32:
 # fp16's smallest normal would cap the exclusion at about log(6e-5) = -9.7.

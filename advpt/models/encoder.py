@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -109,6 +109,7 @@ ENCODER_PRESETS: dict[str, EncoderConfig] = {
     "esm2_t36_3B": _esm2(36, 2560, 40),
     "esm2_tiny": _esm2(2, 64, 4),
 }
+EncoderPreset = Literal[tuple(ENCODER_PRESETS)]  # the --encoder choices
 
 
 def preset_of(cfg: EncoderConfig) -> str | None:

@@ -16,7 +16,7 @@ default. TAPE's own ``pooled_output`` (tanh of a dense layer on ``<cls>``) is of
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import torch
 import torch.nn as nn
@@ -26,7 +26,8 @@ from torch.nn.utils import parametrize
 from advpt.models.encoder import Encoder
 from advpt.tasks import IGNORE_LABEL, KINDS, PER_RESIDUE, PER_SEQUENCE, REGRESSION
 
-POOLINGS = ("mean", "cls")
+Pooling = Literal["mean", "cls"]
+POOLINGS = get_args(Pooling)
 
 
 @dataclass

@@ -4,23 +4,22 @@ It reads the *unmasked* sequence and returns, per token, ``1 + 2 + A`` scores: t
 score, then the mask-option scores ``[MASK]``, keep and replace-by-each-of-the-A residues.
 Three architectures: the paper's GRU; a small transformer (the encoder's own layers), the
 "higher-capacity noiser" the paper's conclusion found too unstable (see ``TransformerNoiser``
-and the stabilizers in ``advpt.config``: entropy bonus, noiser warmup, collapse alarm); and a
-dilated convolution with the GRU's two directions and receptive field, which scores all positions
-in parallel where the GRU runs them one after another (``ConvNoiser``).
+and the stabilizers in ``advpt.config.pretrain``: entropy bonus, noiser warmup, collapse
+alarm); and a dilated convolution with the GRU's two directions and receptive field, which
+scores all positions in parallel where the GRU runs them one after another (``ConvNoiser``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import get_args
+from typing import Literal, get_args
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from advpt.config import NoiserArch
 from advpt.masking.adversarial import num_scores
 from advpt.models.encoder import EncoderConfig, ProteinEncoder
 from advpt.tokenizer import Vocabulary
@@ -44,6 +43,7 @@ NOISER_PRESETS: dict[str, NoiserConfig] = {
     "small": NoiserConfig(embedding_size=128, hidden_size=64, num_layers=2),
     "tiny": NoiserConfig(embedding_size=16, hidden_size=16, num_layers=1, conv_layers=6),
 }
+NoiserPreset = Literal[tuple(NOISER_PRESETS)]  # the --noiser choices: paper | small | tiny
 
 
 class GRUNoiser(nn.Module):
@@ -212,7 +212,8 @@ class TransformerNoiser(nn.Module):
         return self.head(self.body(ids, valid, has_padding)).float()
 
 
-NOISER_ARCHITECTURES = get_args(NoiserArch)  # gru | transformer | conv
+NoiserArch = Literal["gru", "transformer", "conv"]
+NOISER_ARCHITECTURES = get_args(NoiserArch)
 
 
 def build_noiser(

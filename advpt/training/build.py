@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
-from advpt.config import DataConfig, ModelConfig, TrainConfig
+from advpt.config.pretrain import DataConfig, ModelConfig, TrainConfig
 from advpt.data.batching import LengthBucketedBatches
 from advpt.data.cache import locate, on_one_rank
 from advpt.data.clusters import ClusterIndex, ClusterSource

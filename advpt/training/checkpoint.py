@@ -63,7 +63,7 @@ logger = logging.getLogger(__name__)
 
 _TAG = re.compile(r"^step(\d+)$")
 # Plain-data classes found in DeepSpeed's ZeRO and mixed-precision optimizer states (0.19).
-_DEEPSPEED_STATE_CLASSES = [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+DEEPSPEED_STATE_CLASSES = [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 MANIFEST = "manifest"
 RNG = "rng"
 
@@ -289,7 +289,7 @@ def _prune(root: Path, newest: str, keep: int) -> None:
 def verify_weights_only(directory: Path) -> None:
     """Raise ``CheckpointError`` unless every ``*.pt`` file under ``directory`` is plain data."""
     for file in sorted(directory.rglob("*.pt")):
-        load_weights_only(file, _DEEPSPEED_STATE_CLASSES)
+        load_weights_only(file, DEEPSPEED_STATE_CLASSES)
 
 
 def _read_manifest(root: Path, tag: str) -> dict[str, Any]:
@@ -355,7 +355,7 @@ def _check_files(root: Path, tag: str, manifest: dict[str, Any]) -> None:
     for path in share:
         if path.suffix == ".pt":
             try:
-                load_weights_only(path, _DEEPSPEED_STATE_CLASSES)
+                load_weights_only(path, DEEPSPEED_STATE_CLASSES)
             except CheckpointError as err:
                 raise _Damaged(str(err)) from None
     rng = _rng_file(root, tag, manifest)
@@ -475,7 +475,7 @@ def load_checkpoint(root: Path, tag: str, engines: Engines) -> dict[str, Any]:
         if path is None:
             raise CheckpointError(f"checkpoint {directory} could not be loaded")
         if reshard[name]:
-            load_partitioned_optimizer(engine, directory, saved_world, _DEEPSPEED_STATE_CLASSES)
+            load_partitioned_optimizer(engine, directory, saved_world, DEEPSPEED_STATE_CLASSES)
         trainer_state = trainer_state or client_state["trainer"]
     rng = load_weights_only(_rng_file(root, tag, manifest))
     torch.set_rng_state(rng["torch"])

@@ -28,8 +28,13 @@ from advpt.models.exports import read_export
 from advpt.models.hf_esm import is_hf_esm_dir, load_hf_esm
 from advpt.models.tape import TAPE_WEIGHTS, load_tape
 from advpt.models.weights import CONFIG_FILE, EXPORT_WEIGHTS, encoder_of, load_into
-from advpt.safe_load import State, check_finite, read_json
-from advpt.training.checkpoint import MANIFEST, complete_latest, verify_weights_only
+from advpt.safe_load import State, check_finite, load_weights_only, read_json
+from advpt.training.checkpoint import (
+    DEEPSPEED_STATE_CLASSES,
+    MANIFEST,
+    complete_latest,
+    verify_weights_only,
+)
 from advpt.training.engines import parameter_groups
 
 
@@ -115,9 +120,7 @@ def _consolidated(engine_dir: Path, tag: str, model: MaskedLanguageModel) -> Sta
     verify_weights_only(folder)
     if any(folder.glob("*zero_pp_rank_*_optim_states.pt")):
         return get_fp32_state_dict_from_zero_checkpoint(str(engine_dir), tag)
-    checkpoint = torch.load(
-        folder / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False
-    )
+    checkpoint = load_weights_only(folder / "mp_rank_00_model_states.pt", DEEPSPEED_STATE_CLASSES)
     module: State = checkpoint["module"]
     if all(t.dtype == torch.float32 for t in module.values()):
         return module

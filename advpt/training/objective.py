@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.autograd.profiler import record_function
 
-from advpt.config import MaskingConfig
+from advpt.config.pretrain import MaskingConfig
 from advpt.data.collate import Batch
 from advpt.masking.adversarial import (
     AdversarialSample,

@@ -23,12 +23,17 @@ def _pyplot():
     return plt
 
 
-def _series(rows: list[dict[str, Any]], key: str, x: str = "step") -> tuple[list, list]:
+# Every picture's x axis, as every tracker's (advpt.training.trackers): a noiser phase's rows
+# stand at the encoder step that the phase follows.
+X, XLABEL = "encoder_step", "encoder step"
+
+
+def _series(rows: list[dict[str, Any]], key: str, x: str = X) -> tuple[list, list]:
     points = [(r[x], r[key]) for r in rows if key in r and r[key] is not None]
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def _line(ax, rows, key, label, x="step", **style) -> None:
+def _line(ax, rows, key, label, x=X, **style) -> None:
     xs, ys = _series(rows, key, x)
     if xs:
         ax.plot(xs, ys, label=label, **style)
@@ -47,56 +52,71 @@ def _finish(ax, title: str, xlabel: str, empty: str | None = None) -> None:
         ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
 
 
-def plot_run(run: Run, out: Path) -> Path | None:
-    """Four panels of one run into ``out``; None when matplotlib is missing."""
+def run_figure(run: Run) -> Any:
+    """Four panels of one run (a matplotlib Figure); None when matplotlib is missing."""
     plt = _pyplot()
     if plt is None:
         return None
-    x = "optimizer step (noiser + encoder)"
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
     loss, positions, masks, speed = axes.flat
     _line(loss, run.train, "encoder_loss", "encoder (training)")
     _line(loss, run.train, "noiser_loss", "noiser phase (maximised)", alpha=0.8)
     _line(loss, run.validation, "val_loss", "validation (random masking)", marker="o")
-    _finish(loss, "MLM loss", x)
+    _finish(loss, "MLM loss", XLABEL)
     _line(positions, run.encoder_train, "adversarial_loss", "adversarial positions")
     _line(positions, run.encoder_train, "random_loss", "random positions")
-    _finish(positions, "Loss at adversarial vs random positions (encoder steps)", x, NO_NOISER)
+    _finish(positions, "Loss at adversarial vs random positions (encoder steps)", XLABEL, NO_NOISER)
     _line(masks, run.train, "mask_entropy", "mask position entropy")
     for option in ("mask", "keep", "replace"):
         _line(masks, run.train, f"option_{option}_share", f"{option} share", linestyle="--")
-    _finish(masks, "Where and how the noiser masks", x, NO_NOISER)
+    _finish(masks, "Where and how the noiser masks", XLABEL, NO_NOISER)
     for phase, marker in (("encoder", "o"), ("noiser", "^"), ("joint", "s")):
         rows = [r for r in run.train if r.get("phase") == phase]
         _line(speed, rows, "tokens_per_s", f"{phase} steps", marker=marker, linestyle="")
-    _finish(speed, "Throughput (tokens/s)", x)
+    _finish(speed, "Throughput (tokens/s)", XLABEL)
     fig.suptitle(f"{run.path.name} ({run.mode})")
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return fig
 
 
-def plot_comparison(runs: list[Run], names: list[str], out: Path) -> Path | None:
-    """Several runs on common axes (encoder steps) into ``out``; None without matplotlib."""
+def comparison_figure(runs: list[Run], names: list[str]) -> Any:
+    """Several runs on common axes (a matplotlib Figure); None when matplotlib is missing."""
     plt = _pyplot()
     if plt is None:
         return None
-    x, xlabel = "encoder_step", "encoder step"
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
     val, val_time, train, positions = axes.flat
     for i, (run, name) in enumerate(zip(runs, names, strict=True)):
         color = f"C{i}"
-        _line(val, run.validation, "val_loss", name, x, color=color, marker="o")
+        _line(val, run.validation, "val_loss", name, color=color, marker="o")
         minutes = [{**r, "wall_min": r["wall_s"] / 60} for r in run.validation if "wall_s" in r]
         _line(val_time, minutes, "val_loss", name, "wall_min", color=color, marker="o")
-        _line(train, run.encoder_train, "encoder_loss", name, x, color=color)
+        _line(train, run.encoder_train, "encoder_loss", name, color=color)
         rows = run.encoder_train
-        _line(positions, rows, "adversarial_loss", f"{name} adversarial", x, color=color)
-        _line(positions, rows, "random_loss", f"{name} random", x, color=color, linestyle="--")
-    _finish(val, "Validation loss (random masking)", xlabel)
+        _line(positions, rows, "adversarial_loss", f"{name} adversarial", color=color)
+        _line(positions, rows, "random_loss", f"{name} random", color=color, linestyle="--")
+    _finish(val, "Validation loss (random masking)", XLABEL)
     _finish(val_time, "Validation loss against training time", "minutes", "no timestamps")
-    _finish(train, "Training loss in encoder steps", xlabel)
-    _finish(positions, "Adversarial (solid) vs random (dashed) positions", xlabel)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    _finish(train, "Training loss in encoder steps", XLABEL)
+    _finish(positions, "Adversarial (solid) vs random (dashed) positions", XLABEL)
+    return fig
+
+
+def _save(fig: Any, out: Path) -> Path | None:
+    """``fig`` written to ``out`` and closed; None for no figure (matplotlib missing)."""
+    if fig is None:
+        return None
+    try:
+        fig.savefig(out, dpi=100)
+    finally:
+        _pyplot().close(fig)
     return out
+
+
+def plot_run(run: Run, out: Path) -> Path | None:
+    """:func:`run_figure` into ``out``; None when matplotlib is missing."""
+    return _save(run_figure(run), out)
+
+
+def plot_comparison(runs: list[Run], names: list[str], out: Path) -> Path | None:
+    """:func:`comparison_figure` into ``out``; None when matplotlib is missing."""
+    return _save(comparison_figure(runs, names), out)

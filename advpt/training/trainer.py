@@ -43,7 +43,7 @@ from deepspeed.accelerator import get_accelerator
 from torch import nn
 from torch.autograd.profiler import record_function
 
-from advpt.config import TrainConfig
+from advpt.config.pretrain import TrainConfig
 from advpt.data.collate import Batch
 from advpt.data.stream import MicroBatches, ValidationBatches, stream_loader
 from advpt.errors import CheckpointError, NonFiniteError, cannot_write

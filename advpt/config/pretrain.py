@@ -1,97 +1,41 @@
-"""Every setting of a run: documented dataclasses, filled from a run file and command-line flags.
+"""The settings of pre-training (``python -m advpt.train``), in sections.
 
-Settings come in sections (:class:`Section`): pre-training's ``method`` (adversarial or random,
-and the turns of the two models), ``dataset``, ``model``, ``masking``, ``optim`` (steps, learning
-rate and batch over them) and ``run`` (where it lives, how often it reports). Each field is a
-flag of the same name (``--max_length 256``) whose ``--help`` text is the docstring under the
-field; each section checks its own fields in its ``rules``, next to them, and every choice
-(``Literal``) is checked wherever a value comes from, code included. A JSON or YAML run file
-given with ``--config`` may set the same names, flat or grouped by section (``masking:
-{random_rate: 0.1}``); flags win over the file. Values are checked against the field's declared
-type: no ``yes`` for an integer, an integer is accepted for a float. DeepSpeed's own settings
-(batch sizes, precision, optimizer, ZeRO) stay in the DeepSpeed JSONs (``advpt.ds_configs``).
+``method`` (adversarial or random, and the turns of the two models), ``dataset``, ``model``,
+``masking``, ``optim`` (steps, learning rate and batch over them) and ``run`` (where it lives, how
+often it reports). Each section checks its own fields in its ``rules``, next to them, and every
+choice (``Literal``) is checked wherever a value comes from, code included. DeepSpeed's own
+settings (batch sizes, precision, optimizer, ZeRO) stay in the DeepSpeed JSONs
+(``advpt.ds_configs``).
 
 To add a setting, add a documented field to the section it belongs to, and its constraint, if
-any, to that section's ``rules``: the flag, its help, the run-file key and the checks follow.
-
-The allowed values of a choice are owned here and read by the code that implements them
-(``advpt.masking.subset.BACKENDS``, ``advpt.models.NOISER_ARCHITECTURES``); the preset tables
-of ``advpt.models`` are checked against ``EncoderPreset`` and ``NoiserPreset`` by the tests.
+any, to that section's ``rules``: the flag, its help, the run-file key and the checks follow
+(``advpt.config.cli``). A choice that code implements is declared beside that code (the presets
+of ``advpt.models``, the sampler backends of ``advpt.masking.subset``, ...) and imported here.
 The training variants compared by the benchmark and the study are in ``advpt.variants``.
 """
 
 from __future__ import annotations
 
-import argparse
-import ast
 import dataclasses
-import functools
-import inspect
-import json
-import re
-import textwrap
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal
 
-import yaml
+from advpt.config.duration import duration_seconds
+from advpt.config.section import Section
+from advpt.data.bundled import BUNDLED_PROTEOME
+from advpt.data.sampling import SampleBy
+from advpt.masking.random import RandomMasking
+from advpt.masking.subset import SamplerBackend
+from advpt.models.encoder import EncoderPreset
+from advpt.models.noiser import NoiserArch, NoiserPreset
 
-from advpt import ds_configs
-from advpt.errors import ConfigError, shorten
-
-BUNDLED_PROTEOME = "bundled:proteome"
-"""The ``--data`` value naming the real proteome that ships with advpt (``advpt.data.bundled``)."""
-
+# The method's own switches, which the training loop reads from here.
 Mode = Literal["adversarial", "random"]
 Schedule = Literal["alternating", "simultaneous"]
 Estimator = Literal["mixed", "importance"]
-RandomMasking = Literal["token", "span"]
-SamplerBackend = Literal["auto", "torch", "cuda"]
-NoiserArch = Literal["gru", "transformer", "conv"]
-EncoderPreset = Literal[
-    "tape-base", "small", "tiny",
-    "esm2_t6_8M", "esm2_t12_35M", "esm2_t30_150M", "esm2_t33_650M", "esm2_t36_3B", "esm2_tiny",
-]  # fmt: skip
-NoiserPreset = Literal["paper", "small", "tiny"]
-Task = Literal["secondary_structure", "remote_homology", "fluorescence", "stability"]
-SecondaryStructureLabels = Literal["ss3", "ss8"]
-Pooling = Literal["mean", "cls"]
-SampleBy = Literal["record", "cluster"]
 
 TRACKERS = ("tensorboard", "wandb", "mlflow", "csv")
 """Where a run's metrics can go besides metrics.jsonl (``advpt.training.trackers``)."""
-
-DEBUG_HELP = "on an error, show its traceback, not only its one sentence"
-
-
-class Section:
-    """A group of settings. Its fields are flags; its ``rules`` constrain them, beside them.
-
-    :meth:`validate` checks every field against its declared type first (a ``Literal`` against
-    its choices), so a config built in code is held to the same choices as one parsed from
-    flags, then the section's own rules. A field that is itself a section is validated in turn.
-    """
-
-    def rules(self) -> list[tuple[bool, str]]:
-        """(holds, the sentence if it does not) for each constraint on this section's fields."""
-        return []
-
-    def validate(self) -> None:
-        """Raise ``ConfigError`` for a value that cannot make a run."""
-        for name, kind in _field_types(type(self)).items():
-            value = getattr(self, name)
-            if isinstance(value, Section):
-                value.validate()
-            else:
-                _typed(name, value, kind, type(self).__name__)
-        for ok, message in self.rules():
-            if not ok:
-                raise ConfigError(message)
-
-
-# ----------------------------------------------------------------------------- pre-training
 
 
 @dataclass
@@ -379,34 +323,6 @@ class RunConfig(Section):
         ]  # fmt: skip
 
 
-_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def duration_seconds(text: str) -> float | None:
-    """The seconds ``text`` gives (``--max_time``), or None if it is no positive duration.
-
-    A number is seconds, or carries a unit (``90m``, ``1.5h``, ``2d``); otherwise Slurm's
-    formats: ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``, ``MM:SS``, ``HH:MM:SS``.
-    """
-    text = text.strip()
-    number = re.fullmatch(r"(\d+(?:\.\d*)?)([smhd]?)", text)
-    if number:
-        seconds = float(number[1]) * _UNIT_SECONDS[number[2]]
-        return seconds if seconds > 0 else None
-    days, _, clock = text.rpartition("-") if "-" in text else ("0", "", text)
-    fields = clock.split(":")
-    if not (days.isdigit() and all(f.isdigit() for f in fields)):
-        return None
-    if "-" in text and len(fields) <= 3:  # D-HH, D-HH:MM, D-HH:MM:SS
-        units = [3600, 60, 1][: len(fields)]
-    elif len(fields) in (2, 3):  # MM:SS, HH:MM:SS
-        units = [3600, 60, 1][-len(fields) :]
-    else:
-        return None
-    seconds = int(days) * 86400 + sum(int(f) * u for f, u in zip(fields, units, strict=True))
-    return float(seconds) if seconds > 0 else None
-
-
 @dataclass
 class TrainConfig(Section):
     """Adversarial (or random) MLM pre-training of a protein encoder."""
@@ -471,320 +387,3 @@ class TrainConfig(Section):
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-# ----------------------------------------------------------------------------- fine-tuning
-
-
-@dataclass
-class FinetuneConfig(Section):
-    """Fine-tune a pre-trained encoder on a TAPE task; defaults follow TAPE where TAPE has one."""
-
-    task: Task = "secondary_structure"
-    """The TAPE task (advpt.tasks)."""
-    data_dir: str = "data/tape"
-    """TAPE data root holding <task>/<task>_<split>.lmdb or .json."""
-    pretrained: str = "none"
-    """advpt run directory, advpt export directory, TAPE save_pretrained directory, Hugging Face
-    ESM-2 directory (EsmForMaskedLM or EsmModel), or none (a freshly initialised --encoder)."""
-    encoder: EncoderPreset = "tape-base"
-    """Encoder preset for --pretrained none."""
-    run_dir: str = ""
-    """Output directory; empty is runs/finetune/<task>."""
-    deepspeed_config: str = "auto"
-    """DeepSpeed JSON of the fine-tuning engine: a file, or a shipped config: cpu, gpu-bf16;
-    auto is cpu on DeepSpeed's CPU accelerator and gpu-bf16 on a GPU."""
-    lr: float | None = None
-    """Peak learning rate; unset takes the DeepSpeed JSON's."""
-    weight_decay: float | None = None
-    """AdamW weight decay; unset takes the DeepSpeed JSON's."""
-    batch_size: int | None = None
-    """Global batch size; unset takes the DeepSpeed JSON's."""
-    epochs: int = 10
-    """Passes over the training split (TAPE: 10)."""
-    max_steps: int = 0
-    """Stop after this many optimizer steps; 0 lets epochs decide."""
-    warmup_fraction: float = 0.1
-    """Share of the steps with a linear learning-rate warmup."""
-    eval_every: int = 0
-    """Optimizer steps between validation scores; 0 is once per epoch."""
-    patience: int = 3
-    """Stop after this many validation scores without improvement."""
-    pooling: Pooling = "mean"
-    """Sequence representation for per-protein tasks: mean of the residues, or <cls>."""
-    head_hidden_size: int = 512
-    """Width of TAPE's MLP / convolutional head."""
-    head_dropout: float = 0.0
-    """Dropout inside the head (TAPE: 0)."""
-    ss_label: SecondaryStructureLabels = "ss3"
-    """Secondary structure labels: 3 classes (the paper's) or 8 (DSSP)."""
-    use_valid_mask: bool = False
-    """Secondary structure: leave residues whose valid_mask is false unscored (TAPE scores all)."""
-    seed: int = 0
-    """Seeds the head, the batch order and dropout."""
-    save_model: bool = True
-    """Write the best-validation model to <run_dir>/model."""
-
-    def rules(self) -> list[tuple[bool, str]]:
-        return [
-            (self.epochs > 0, "epochs must be positive"),
-            (self.max_steps >= 0, "max_steps must be >= 0"),
-            (0.0 <= self.warmup_fraction < 1.0, "warmup_fraction must be in [0, 1)"),
-            (self.eval_every >= 0, "eval_every must be >= 0"),
-            (self.patience > 0, "patience must be positive"),
-            (self.batch_size is None or self.batch_size > 0, "batch_size must be positive"),
-        ]
-
-    def validate(self) -> None:
-        super().validate()
-        if not self.run_dir:
-            self.run_dir = str(Path("runs", "finetune", self.task))
-
-
-# ----------------------------------------------------------------------------- flags and files
-
-
-@functools.cache
-def field_docs(cls: type) -> dict[str, str]:
-    """Field name -> the docstring written under it in ``cls``'s source, one line of prose."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs = {}
-    for field_node, doc_node in zip(body, body[1:], strict=False):
-        if (
-            isinstance(field_node, ast.AnnAssign)
-            and isinstance(field_node.target, ast.Name)
-            and isinstance(doc_node, ast.Expr)
-            and isinstance(doc_node.value, ast.Constant)
-            and isinstance(doc_node.value.value, str)
-        ):
-            docs[field_node.target.id] = " ".join(doc_node.value.value.split())
-    return docs
-
-
-@dataclass(frozen=True)
-class _Setting:
-    """One settable field: the object that holds it (a section or the root) and its type."""
-
-    section: str  # "" for the root's own fields
-    name: str
-    kind: Any  # the declared type, resolved
-    default: Any
-    help: str
-
-
-@functools.cache
-def _field_types(cls: type) -> dict[str, Any]:
-    """Field name -> declared type (resolved), in declaration order."""
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-
-
-def _settings(root: type) -> dict[str, _Setting]:
-    """Flag name -> setting, for the root's plain fields and its sections' fields.
-
-    Names are unique across sections and differ from the section names, so flags and flat run
-    files need no prefixes, and a run file's key is either a section or a setting.
-    """
-    defaults = root()
-    out: dict[str, _Setting] = {}
-    for name, kind in _field_types(root).items():
-        if isinstance(getattr(defaults, name), Section):
-            docs = field_docs(kind)
-            for sub, sub_kind in _field_types(kind).items():
-                value = getattr(getattr(defaults, name), sub)
-                out[sub] = _Setting(name, sub, sub_kind, value, docs.get(sub, ""))
-        else:
-            value = getattr(defaults, name)
-            out[name] = _Setting("", name, kind, value, field_docs(root).get(name, ""))
-    return out
-
-
-def _optional(kind: Any) -> tuple[Any, bool]:
-    """(the type inside ``X | None``, True) or (``kind``, False)."""
-    if get_origin(kind) in (typing.Union, types.UnionType):
-        inner = [a for a in get_args(kind) if a is not type(None)]
-        if len(inner) == 1 and len(get_args(kind)) == 2:
-            return inner[0], True
-    return kind, False
-
-
-def _describe(kind: Any) -> str:
-    kind, optional = _optional(kind)
-    if get_origin(kind) is Literal:
-        text = " | ".join(str(a) for a in get_args(kind))
-    else:
-        text = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
-            kind, str(kind)
-        )
-    return f"{text} or unset" if optional else text
-
-
-def _typed(name: str, value: Any, kind: Any, source: str) -> Any:
-    """``value`` as the declared ``kind`` of setting ``name``, or a ``ConfigError``.
-
-    Checked against the declaration, not the current value: a YAML ``yes`` is no integer, and
-    an integer is a fine float.
-    """
-    inner, optional = _optional(kind)
-    if value is None and optional:
-        return None
-    if get_origin(inner) is Literal:
-        ok = isinstance(value, str) and value in get_args(inner)
-    elif inner is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif inner is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, inner)
-    if not ok:
-        raise ConfigError(
-            f"{source}: setting {name!r} must be {_describe(kind)}, got {shorten(value)}"
-        )
-    return value
-
-
-def _parse_bool(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def _flag_kwargs(setting: _Setting) -> dict[str, Any]:
-    """argparse arguments of one setting; values stay unset (None) unless given."""
-    kind, _ = _optional(setting.kind)
-    default = "unset" if setting.default is None else setting.default
-    text = f"{setting.help} [default: {default}]".replace("%", "%%")  # argparse %-formats help
-    kwargs: dict[str, Any] = {"default": None, "help": text}
-    if kind is bool:  # a bare --flag means true
-        return kwargs | {"type": _parse_bool, "nargs": "?", "const": True, "metavar": "BOOL"}
-    if get_origin(kind) is Literal:  # checked by _typed, so the message is the run file's
-        return kwargs | {"metavar": "{" + ",".join(get_args(kind)) + "}"}
-    return kwargs | {"type": kind}
-
-
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Wraps help lines without splitting names such as gpu-bf16 at their hyphens."""
-
-    def _split_lines(self, text: str, width: int) -> list[str]:
-        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
-
-
-class _PrintDsConfig(argparse.Action):
-    """``--print_ds_config ROLE/NAME``: print that shipped JSON as it is, then exit 0."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        print(ds_configs.text(values), end="")
-        parser.exit()
-
-
-def build_parser(root: type) -> argparse.ArgumentParser:
-    """A parser with one flag per setting of ``root``, grouped by section, help from the docs."""
-    parser = argparse.ArgumentParser(
-        description=inspect.getdoc(root), formatter_class=_HelpFormatter
-    )
-    parser.add_argument("--config", help="JSON or YAML run file of these settings (flags win)")
-    parser.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)
-    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
-    parser.add_argument(
-        "--print_ds_config",
-        action=_PrintDsConfig,
-        default=argparse.SUPPRESS,
-        metavar="ROLE/NAME",
-        help="print a DeepSpeed JSON shipped with advpt, to copy and edit, and exit: "
-        + ", ".join(ds_configs.specs()),
-    )
-    groups: dict[str, Any] = {"": parser}
-    for setting in _settings(root).values():
-        if setting.section not in groups:
-            section = _field_types(root)[setting.section]
-            groups[setting.section] = parser.add_argument_group(
-                f"{setting.section} settings", inspect.getdoc(section)
-            )
-        groups[setting.section].add_argument(f"--{setting.name}", **_flag_kwargs(setting))
-    return parser
-
-
-def _read_run_file(path: str) -> dict[str, Any]:
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"run file {path} does not exist")
-    try:
-        text = file.read_text()
-        content = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"run file {path} cannot be read: {exc}") from None
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        reason = " ".join(str(exc).split())
-        raise ConfigError(f"run file {path} is not valid JSON/YAML: {reason}") from None
-    if content is None:
-        return {}
-    if not isinstance(content, dict):
-        raise ConfigError(f"run file {path} must hold a mapping of settings")
-    return content
-
-
-OLD_SECTIONS = ("data", "schedule")
-"""Section names of earlier run files (and of their runs' config.json), still read: a mapping
-under ``data`` or ``schedule`` is a section. These two alone are also settings (--data,
---schedule), so only for them does the kind of value decide."""
-
-
-def _apply(config: Any, values: dict[str, Any], source: str) -> None:
-    """Set ``values`` (flat, or grouped under section names) on ``config``, each type-checked."""
-    settings = _settings(type(config))
-    sections = {s.section for s in settings.values()} - {""}
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        if key in sections and not isinstance(value, dict):
-            raise ConfigError(
-                f"{source}: section {key!r} must hold a mapping of settings, got {shorten(value)}"
-            )
-        if key in sections or (key in OLD_SECTIONS and isinstance(value, dict)):
-            flat.update(value)
-        else:
-            flat[key] = value
-    for name, value in flat.items():
-        if name not in settings:
-            close = [o for o in settings if o.startswith(str(name)[:4])]
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{source}: unknown setting {shorten(name)}{hint}")
-        setting = settings[name]
-        owner = getattr(config, setting.section) if setting.section else config
-        setattr(owner, name, _typed(name, value, setting.kind, source))
-
-
-def parse(root: type, argv: list[str] | None = None) -> Any:
-    """Defaults of ``root``, then the run file, then the flags; validated."""
-    args = build_parser(root).parse_args(argv)
-    config = root()
-    if args.config:
-        _apply(config, _read_run_file(args.config), f"run file {args.config}")
-    flags = {
-        name: value
-        for name, value in vars(args).items()
-        if value is not None and name not in ("config", "local_rank", "debug")
-    }
-    _apply(config, flags, "command line")
-    config.validate()
-    return config
-
-
-def parse_config(argv: list[str] | None = None) -> TrainConfig:
-    """The pre-training settings from ``argv`` (see :func:`parse`)."""
-    return parse(TrainConfig, argv)
-
-
-def parse_finetune_config(argv: list[str] | None = None) -> FinetuneConfig:
-    """The fine-tuning settings from ``argv`` (see :func:`parse`)."""
-    return parse(FinetuneConfig, argv)

@@ -1,0 +1,194 @@
+"""The command line and run files of a settings root (``TrainConfig``, ``FinetuneConfig``).
+
+A root holds sections (``advpt.config.section``) and settings of its own. Each field is a flag of
+the same name (``--max_length 256``) whose ``--help`` text is the docstring under the field; a
+JSON or YAML run file given with ``--config`` may set the same names, flat or grouped by section
+(``masking: {random_rate: 0.1}``); flags win over the file. :func:`parse` gives the root's
+defaults, then the file's values, then the flags', each checked against its declared type, and
+then the root validated as a whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+import yaml
+
+from advpt import ds_configs
+from advpt.command import DEBUG_HELP
+from advpt.config.section import Section, checked, field_docs, field_types, unwrap_optional
+from advpt.errors import ConfigError, shorten
+
+Root = TypeVar("Root", bound=Section)
+
+
+@dataclass(frozen=True)
+class _Setting:
+    """One settable field: the object that holds it (a section or the root) and its type."""
+
+    section: str  # "" for the root's own fields
+    name: str
+    kind: Any  # the declared type, resolved
+    default: Any
+    help: str
+
+
+def _settings(root: type) -> dict[str, _Setting]:
+    """Flag name -> setting, for the root's plain fields and its sections' fields.
+
+    Names are unique across sections and differ from the section names, so flags and flat run
+    files need no prefixes, and a run file's key is either a section or a setting.
+    """
+    defaults = root()
+    out: dict[str, _Setting] = {}
+    for name, kind in field_types(root).items():
+        if isinstance(getattr(defaults, name), Section):
+            docs = field_docs(kind)
+            for sub, sub_kind in field_types(kind).items():
+                value = getattr(getattr(defaults, name), sub)
+                out[sub] = _Setting(name, sub, sub_kind, value, docs.get(sub, ""))
+        else:
+            value = getattr(defaults, name)
+            out[name] = _Setting("", name, kind, value, field_docs(root).get(name, ""))
+    return out
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _flag_kwargs(setting: _Setting) -> dict[str, Any]:
+    """argparse arguments of one setting; values stay unset (None) unless given."""
+    kind, _ = unwrap_optional(setting.kind)
+    default = "unset" if setting.default is None else setting.default
+    text = f"{setting.help} [default: {default}]".replace("%", "%%")  # argparse %-formats help
+    kwargs: dict[str, Any] = {"default": None, "help": text}
+    if kind is bool:  # a bare --flag means true
+        return kwargs | {"type": _parse_bool, "nargs": "?", "const": True, "metavar": "BOOL"}
+    if get_origin(kind) is Literal:  # checked by `checked`, so the message is the run file's
+        return kwargs | {"metavar": "{" + ",".join(get_args(kind)) + "}"}
+    return kwargs | {"type": kind}
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Wraps help lines without splitting names such as gpu-bf16 at their hyphens."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
+class _PrintDsConfig(argparse.Action):
+    """``--print_ds_config ROLE/NAME``: print that shipped JSON as it is, then exit 0."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(ds_configs.text(values), end="")
+        parser.exit()
+
+
+def build_parser(root: type) -> argparse.ArgumentParser:
+    """A parser with one flag per setting of ``root``, grouped by section, help from the docs."""
+    parser = argparse.ArgumentParser(
+        description=inspect.getdoc(root), formatter_class=_HelpFormatter
+    )
+    parser.add_argument("--config", help="JSON or YAML run file of these settings (flags win)")
+    parser.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    parser.add_argument(
+        "--print_ds_config",
+        action=_PrintDsConfig,
+        default=argparse.SUPPRESS,
+        metavar="ROLE/NAME",
+        help="print a DeepSpeed JSON shipped with advpt, to copy and edit, and exit: "
+        + ", ".join(ds_configs.specs()),
+    )
+    groups: dict[str, Any] = {"": parser}
+    for setting in _settings(root).values():
+        if setting.section not in groups:
+            section = field_types(root)[setting.section]
+            groups[setting.section] = parser.add_argument_group(
+                f"{setting.section} settings", inspect.getdoc(section)
+            )
+        groups[setting.section].add_argument(f"--{setting.name}", **_flag_kwargs(setting))
+    return parser
+
+
+def _read_run_file(path: str) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"run file {path} does not exist")
+    try:
+        text = file.read_text()
+        content = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"run file {path} cannot be read: {exc}") from None
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        reason = " ".join(str(exc).split())
+        raise ConfigError(f"run file {path} is not valid JSON/YAML: {reason}") from None
+    if content is None:
+        return {}
+    if not isinstance(content, dict):
+        raise ConfigError(f"run file {path} must hold a mapping of settings")
+    return content
+
+
+OLD_SECTIONS = ("data", "schedule")
+"""Section names of earlier run files (and of their runs' config.json), still read: a mapping
+under ``data`` or ``schedule`` is a section. These two alone are also settings (--data,
+--schedule), so only for them does the kind of value decide."""
+
+
+def _apply(config: Any, values: dict[str, Any], source: str) -> None:
+    """Set ``values`` (flat, or grouped under section names) on ``config``, each type-checked."""
+    settings = _settings(type(config))
+    sections = {s.section for s in settings.values()} - {""}
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in sections and not isinstance(value, dict):
+            raise ConfigError(
+                f"{source}: section {key!r} must hold a mapping of settings, got {shorten(value)}"
+            )
+        if key in sections or (key in OLD_SECTIONS and isinstance(value, dict)):
+            flat.update(value)
+        else:
+            flat[key] = value
+    for name, value in flat.items():
+        if name not in settings:
+            close = [o for o in settings if o.startswith(str(name)[:4])]
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{source}: unknown setting {shorten(name)}{hint}")
+        setting = settings[name]
+        owner = getattr(config, setting.section) if setting.section else config
+        setattr(owner, name, checked(name, value, setting.kind, source))
+
+
+def parse(root: type[Root], argv: list[str] | None = None) -> Root:
+    """Defaults of ``root``, then the run file, then the flags; validated."""
+    args = build_parser(root).parse_args(argv)
+    config = root()
+    if args.config:
+        _apply(config, _read_run_file(args.config), f"run file {args.config}")
+    flags = {
+        name: value
+        for name, value in vars(args).items()
+        if value is not None and name not in ("config", "local_rank", "debug")
+    }
+    _apply(config, flags, "command line")
+    config.validate()
+    return config

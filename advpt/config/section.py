@@ -1,0 +1,116 @@
+"""A section of settings: a documented dataclass whose fields are checked against their types.
+
+Each field's ``--help`` text is the docstring written under it (:func:`field_docs`); its declared
+type is the check (:func:`checked`): a ``Literal`` admits its choices only, an integer field no
+YAML ``yes``, a float field an integer too, and ``X | None`` also unset. A section adds the
+constraints between its fields in its ``rules``, beside them. Nothing here knows flags or run
+files (``advpt.config.cli``).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import textwrap
+import types
+import typing
+from typing import Any, Literal, get_args, get_origin
+
+from advpt.errors import ConfigError, shorten
+
+
+class Section:
+    """A group of settings. Its fields are flags; its ``rules`` constrain them, beside them.
+
+    :meth:`validate` checks every field against its declared type first (a ``Literal`` against
+    its choices), so a config built in code is held to the same choices as one parsed from
+    flags, then the section's own rules. A field that is itself a section is validated in turn.
+    """
+
+    def rules(self) -> list[tuple[bool, str]]:
+        """(holds, the sentence if it does not) for each constraint on this section's fields."""
+        return []
+
+    def validate(self) -> None:
+        """Raise ``ConfigError`` for a value that cannot make a run."""
+        for name, kind in field_types(type(self)).items():
+            value = getattr(self, name)
+            if isinstance(value, Section):
+                value.validate()
+            else:
+                checked(name, value, kind, type(self).__name__)
+        for ok, message in self.rules():
+            if not ok:
+                raise ConfigError(message)
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Field name -> the docstring written under it in ``cls``'s source, one line of prose."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for field_node, doc_node in zip(body, body[1:], strict=False):
+        if (
+            isinstance(field_node, ast.AnnAssign)
+            and isinstance(field_node.target, ast.Name)
+            and isinstance(doc_node, ast.Expr)
+            and isinstance(doc_node.value, ast.Constant)
+            and isinstance(doc_node.value.value, str)
+        ):
+            docs[field_node.target.id] = " ".join(doc_node.value.value.split())
+    return docs
+
+
+@functools.cache
+def field_types(cls: type) -> dict[str, Any]:
+    """Field name -> declared type (resolved), in declaration order."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def unwrap_optional(kind: Any) -> tuple[Any, bool]:
+    """(the type inside ``X | None``, True) or (``kind``, False)."""
+    if get_origin(kind) in (typing.Union, types.UnionType):
+        inner = [a for a in get_args(kind) if a is not type(None)]
+        if len(inner) == 1 and len(get_args(kind)) == 2:
+            return inner[0], True
+    return kind, False
+
+
+def _describe(kind: Any) -> str:
+    kind, optional = unwrap_optional(kind)
+    if get_origin(kind) is Literal:
+        text = " | ".join(str(a) for a in get_args(kind))
+    else:
+        text = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
+            kind, str(kind)
+        )
+    return f"{text} or unset" if optional else text
+
+
+def checked(name: str, value: Any, kind: Any, source: str) -> Any:
+    """``value`` as the declared ``kind`` of setting ``name``, or a ``ConfigError``.
+
+    Checked against the declaration, not the current value: a YAML ``yes`` is no integer, and
+    an integer is a fine float.
+    """
+    inner, optional = unwrap_optional(kind)
+    if value is None and optional:
+        return None
+    if get_origin(inner) is Literal:
+        ok = isinstance(value, str) and value in get_args(inner)
+    elif inner is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif inner is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, inner)
+    if not ok:
+        raise ConfigError(
+            f"{source}: setting {name!r} must be {_describe(kind)}, got {shorten(value)}"
+        )
+    return value
