@@ -9,6 +9,8 @@ of the encoder steps of random masking) and the cheap adversarial updates built 
 score positions in parallel (conv noiser) and pay for the noiser's update less often
 (``sparse-alternating``: one noiser step per four encoder steps; ``sparse-simultaneous``: a joint
 step, which reuses the encoder's forward and backward for the noiser, every second step).
+``conv-noiser``, ``transformer-noiser`` and ``noiser-1-in-4`` are the levers of those on their
+own, each one change of the paper's setting, for the benchmark.
 
 ``recommended`` is the setting the README and the quickstart recommend, chosen by the study
 (``docs/study.md``); the benchmark and the study name it through this entry.
@@ -38,5 +40,8 @@ VARIANTS: dict[str, list[str]] = {
     "importance": ["--mode", "adversarial", "--estimator", "importance"],
     "sparse-alternating": [*CHEAP_NOISER, "--noiser_steps", "1", "--encoder_steps", "4"],
     "sparse-simultaneous": [*CHEAP_NOISER, "--schedule", "simultaneous", "--joint_every", "2"],
+    "conv-noiser": ["--mode", "adversarial", "--noiser_arch", "conv"],
+    "transformer-noiser": ["--mode", "adversarial", "--noiser_arch", "transformer"],
+    "noiser-1-in-4": ["--mode", "adversarial", "--noiser_steps", "1", "--encoder_steps", "4"],
 }
 VARIANTS["recommended"] = VARIANTS["context-warmup"]

@@ -39,7 +39,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from advpt.config import TrainConfig, parse  # noqa: E402
+from advpt.config.cli import parse  # noqa: E402
+from advpt.config.pretrain import TrainConfig  # noqa: E402
 from advpt.data.stream import stream_loader  # noqa: E402
 from advpt.models import ENCODER_PRESETS, build_noiser  # noqa: E402
 from advpt.training.build import build_trainer, init_distributed  # noqa: E402
