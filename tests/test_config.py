@@ -154,6 +154,21 @@ def test_every_training_variant_is_a_valid_set_of_flags():
     assert parse(TrainConfig, VARIANTS["span"]).masking.random_masking == "span"
 
 
+def test_a_named_setting_is_its_flags_and_a_run_file_or_flags_override_it(tmp_path):
+    named = parse(TrainConfig, ["--setting", "sparse-simultaneous"])
+    assert named == parse(TrainConfig, VARIANTS["sparse-simultaneous"])
+    assert (named.method.joint_every, named.model.noiser_arch) == (2, "conv")
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text("method: {joint_every: 4}\n")
+    over = parse(TrainConfig, ["--setting", "sparse-simultaneous", "--config", str(run_file)])
+    assert (over.method.joint_every, over.method.schedule) == (4, "simultaneous")
+    flag = parse(TrainConfig, ["--config", str(run_file), "--setting", "recommended",
+                               "--joint_every", "5"])  # fmt: skip
+    assert flag.method.joint_every == 5
+    with pytest.raises(SystemExit):  # argparse names the choices
+        parse(TrainConfig, ["--setting", "no-such-setting"])
+
+
 def test_section_names_are_no_setting_names_and_old_ones_are_settings_only():
     hints = typing.get_type_hints(TrainConfig)
     sections = {name for name, kind in hints.items() if dataclasses.is_dataclass(kind)}

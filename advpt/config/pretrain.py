@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from advpt.config.duration import duration_seconds
 from advpt.config.section import Section
@@ -28,6 +28,7 @@ from advpt.masking.random import RandomMasking
 from advpt.masking.subset import SamplerBackend
 from advpt.models.encoder import EncoderPreset
 from advpt.models.noiser import NoiserArch, NoiserPreset
+from advpt.variants import VARIANTS
 
 # The method's own switches, which the training loop reads from here.
 Mode = Literal["adversarial", "random"]
@@ -326,6 +327,8 @@ class RunConfig(Section):
 @dataclass
 class TrainConfig(Section):
     """Adversarial (or random) MLM pre-training of a protein encoder."""
+
+    NAMED_SETTINGS: ClassVar[dict[str, list[str]]] = VARIANTS  # --setting NAME
 
     method: MethodConfig = field(default_factory=MethodConfig)
     dataset: DataConfig = field(default_factory=DataConfig)
