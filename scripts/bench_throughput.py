@@ -2,20 +2,27 @@
 
     python scripts/bench_throughput.py --preset tiny                       # CPU, about a minute
     python scripts/bench_throughput.py --preset tiny --modes random alternating simultaneous
+    OMP_NUM_THREADS=1 python scripts/bench_throughput.py --preset small --noiser small \
+        --max_length 128 --micro_batches 16 --checkpointing 0 --modes random recommended \
+        --rounds 5 --workers 0        # the recommended setting's cost, side by side
     python scripts/bench_throughput.py --preset tape-base --max_length 512 \\
         --precisions bf16 --checkpointing 0 1 --micro_batches 16 32 64 --json bench.json
     python scripts/bench_throughput.py --preset tape-base --max_length 512 --precisions bf16 \\
         --find_max_micro_batch --checkpointing 0 1 --json max_batch.json
 
 For every combination of precision, activation checkpointing, micro-batch and encoder ZeRO stage it
-builds the real engines (as ``advpt.train`` does), runs ``--warmup`` encoder updates, then times
-``--steps`` more, each through the trainer's own ``Trainer.optimizer_step`` (the step a run takes,
-with its counters, schedule and metrics). An encoder update is ``--global_batch`` sequences
-(default: one micro-batch), so gradient accumulation is ``global_batch / micro_batch``. A row
+builds the real engines of every mode (as ``advpt.train`` does), runs ``--warmup`` encoder updates
+of each, then times ``--steps`` more of each, mode after mode, in each of ``--rounds`` rounds,
+each through the trainer's own ``Trainer.optimizer_step`` (the step a run takes, with its
+counters, schedule and metrics). A row is its mode's median round; ``cost_vs_random`` is the median
+over rounds of the ratio to random MLM's time in the same round (``cost_range``: the lowest and
+highest ratio), so a slow spell of a shared machine hits both sides of a ratio alike. An encoder
+update is ``--global_batch`` sequences (default: one micro-batch), so gradient accumulation is
+``global_batch / micro_batch``. A row
 reports, per second of wall time, the sequences and non-padding tokens that went through *encoder
 updates*, so the noiser steps of an adversarial run show up as lost throughput; ``cost_vs_random``
 is the time per encoder update relative to random MLM with the same precision, checkpointing,
-micro-batch, ZeRO stage and global batch, measured in the same process. Modes
+micro-batch, ZeRO stage and global batch, measured in the same process, in the same rounds. Modes
 (``advpt.variants.VARIANTS``): ``random``, ``alternating`` (the paper's schedule), ``simultaneous``
 (one joint pass per step), ``importance`` and the others. A mode with a random-only warm-up
 (``context-warmup``) is timed after it (``--noiser_start_at 0``): the warm-up's steps are random
@@ -172,52 +179,61 @@ def encoder_work(batch, preset: str) -> np.ndarray:
     return np.array([tokens, rows * length, rows, flops], dtype=np.float64)
 
 
-def measure(args, mode: str, cell: dict, work: Path, device: torch.device) -> dict:
-    """Time ``args.steps`` encoder updates of one combination; returns a partial row."""
-    trainer = build(args, mode, cell, work, device)
-    taken: list = []  # the micro-batches of the optimizer step under way
+class Timed:
+    """One combination's trainer, warmed up, whose encoder updates can be timed again and again.
 
-    def batches():
-        for batch in stream_loader(trainer.stream, 0, args.workers):
-            taken.append(batch)
+    Each timing runs the trainer's own ``Trainer.optimizer_step`` (the step a run takes, with its
+    counters, schedule and metrics) in whole noiser + encoder cycles, so that an alternating
+    row counts its noiser steps in full.
+    """
+
+    def __init__(self, args, mode: str, cell: dict, work: Path, device: torch.device):
+        self.args, self.device = args, device
+        self.trainer = build(args, mode, cell, work, device)
+        self.taken: list = []  # the micro-batches of the optimizer step under way
+        self.data = self._batches()
+        config = self.trainer.config
+        cycle = config.method.joint_every if config.simultaneous else config.method.encoder_steps
+        self.warmup, self.steps = (-(-n // cycle) * cycle for n in (args.warmup, args.steps))
+        self._run(self.warmup)
+
+    def _batches(self):
+        for batch in stream_loader(self.trainer.stream, 0, self.args.workers):
+            self.taken.append(batch)
             yield batch
 
-    data = batches()
-
-    def run(encoder_updates: int) -> tuple[np.ndarray, Counter]:
-        """The trainer's own optimizer steps until ``encoder_updates`` more encoder updates:
-        the work of those updates (``encoder_work``) and the optimizer steps of each phase."""
-        done, phases = np.zeros(4), Counter()
+    def _run(self, encoder_updates: int) -> tuple[np.ndarray, Counter]:
+        """Optimizer steps until ``encoder_updates`` more encoder updates: the work of those
+        updates (``encoder_work``) and the optimizer steps of each phase."""
+        trainer, done, phases = self.trainer, np.zeros(4), Counter()
         stop = trainer.counters.encoder_step + encoder_updates
         while trainer.counters.encoder_step < stop:
-            taken.clear()
-            phase = trainer.optimizer_step(data)
+            self.taken.clear()
+            phase = trainer.optimizer_step(self.data)
             phases[phase] += 1
             if "encoder" in PHASES[phase].trains:
-                done += sum(encoder_work(batch, args.preset) for batch in taken)
+                done += sum(encoder_work(batch, self.args.preset) for batch in self.taken)
         return done, phases
 
-    # Whole noiser + encoder cycles, so an alternating row counts its noiser steps in full.
-    cycle = 1 if trainer.config.simultaneous else trainer.config.method.encoder_steps
-    warmup, steps = (-(-n // cycle) * cycle for n in (args.warmup, args.steps))
-    run(warmup)
-    sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    start = time.perf_counter()
-    (tokens, slots, sequences, flops), phases = run(steps)
-    sync(device)
-    elapsed = time.perf_counter() - start
-    return {
-        "samples_per_s": sequences / elapsed,
-        "tokens_per_s": tokens / elapsed,
-        "encoder_tflops": flops / elapsed / 1e12,
-        "peak_mem_gb": peak_memory_gb(device),
-        "padding_fraction": 1.0 - tokens / slots,
-        "ms_per_encoder_update": 1000.0 * elapsed / steps,
-        "encoder_updates": steps,
-        "phases": dict(phases),  # the timed optimizer steps of each phase
-    }
+    def time(self) -> dict:
+        """Time ``--steps`` encoder updates; returns a partial row."""
+        sync(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        start = time.perf_counter()
+        (tokens, slots, sequences, flops), phases = self._run(self.steps)
+        sync(self.device)
+        elapsed = time.perf_counter() - start
+        return {
+            "samples_per_s": sequences / elapsed,
+            "tokens_per_s": tokens / elapsed,
+            "encoder_tflops": flops / elapsed / 1e12,
+            "peak_mem_gb": peak_memory_gb(self.device),
+            "padding_fraction": 1.0 - tokens / slots,
+            "ms_per_encoder_update": 1000.0 * elapsed / self.steps,
+            "encoder_updates": self.steps,
+            "phases": dict(phases),  # the timed optimizer steps of each phase
+        }
 
 
 class Results:
@@ -242,25 +258,44 @@ class Results:
 
 
 def timing_grid(args, peak: float, device: torch.device, tmp: Path, results: Results) -> None:
-    """Every combination, random MLM first in each so the others' ``cost_vs_random`` exists."""
+    """Every combination: all its modes built and warmed up, then timed in ``--rounds``
+    rounds, one mode after another in each, so that a slow spell of the machine hits every
+    mode alike. A row is the median round; ``cost_vs_random`` the median over rounds of the
+    mode's time per encoder update over random MLM's in the same round."""
+    modes = sorted(args.modes, key=lambda m: m != "random")  # random first: the reference
     for cell in cells(args):
-        random_ms = None
-        for mode in sorted(args.modes, key=lambda m: m != "random"):
-            row = {"mode": mode, **cell}
-            work = tmp / "-".join(str(v) for v in row.values())
+        timed, rows = {}, {}
+        for mode in modes:
+            rows[mode] = {"mode": mode, **cell}
             try:
-                row.update(measure(args, mode, cell, work, device))
+                timed[mode] = Timed(args, mode, cell, tmp / f"{mode}-{len(results.rows)}", device)
             except torch.OutOfMemoryError:
-                row["oom"] = True
-            release(device)
-            if "ms_per_encoder_update" in row:
+                rows[mode]["oom"] = True
+                release(device)
+        rounds = {mode: [] for mode in timed}
+        for _ in range(args.rounds):
+            for mode in list(timed):
+                try:
+                    rounds[mode].append(timed[mode].time())
+                except torch.OutOfMemoryError:
+                    rows[mode]["oom"] = True
+                    del timed[mode]
+                    release(device)
+        for mode in modes:
+            row = rows[mode]
+            if rounds.get(mode) and not row.get("oom"):
+                ms = [r["ms_per_encoder_update"] for r in rounds[mode]]
+                row.update(sorted(rounds[mode], key=lambda r: r["ms_per_encoder_update"])[
+                    len(ms) // 2])  # fmt: skip
+                row["ms_per_round"] = ms
                 row["mfu"] = row["encoder_tflops"] / peak
-                if mode == "random":
-                    random_ms = row["ms_per_encoder_update"]
-                row["cost_vs_random"] = (
-                    row["ms_per_encoder_update"] / random_ms if random_ms else None
-                )
+                reference = [r["ms_per_encoder_update"] for r in rounds.get("random", [])]
+                ratios = [m / r for m, r in zip(ms, reference, strict=False)]
+                row["cost_vs_random"] = float(np.median(ratios)) if ratios else None
+                row["cost_range"] = [min(ratios), max(ratios)] if ratios else None
             results.add(row)
+        del timed
+        release(device)
 
 
 def cells(args) -> list[dict]:
@@ -365,6 +400,7 @@ def main() -> None:
         "--steps", type=int, default=10, help="timed encoder updates (whole alternating cycles)"
     )
     parser.add_argument("--warmup", type=int, default=10, help="untimed encoder updates first")
+    parser.add_argument("--rounds", type=int, default=1, help="timings of every mode, in turn")
     parser.add_argument("--workers", type=int, default=1, help="DataLoader workers")
     parser.add_argument("--data", default="bundled:proteome")
     parser.add_argument(

@@ -7,21 +7,22 @@
 # configs (200 encoder + up to 200 noiser steps: a few minutes on 2 cores once set up).
 # Every stage says what it is doing; the run ends with its summary (python -m advpt.report).
 #
-# The setting is the one docs/study.md recommends: a context-only noiser that starts after a
-# quarter of the encoder steps of random masking. --paper runs the paper's exact setting instead.
+# The setting is advpt.variants.VARIANTS["recommended"], the one docs/study.md's evidence
+# picks; --paper runs the paper's exact setting instead.
 echo "[advpt] 1/2 environment: Python, PyTorch, DeepSpeed and advpt (installing what is missing)"
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 python -c "import sys, torch, deepspeed
 print(f'[advpt]     Python {sys.version.split()[0]}, torch {torch.__version__}, '
       f'deepspeed {deepspeed.__version__}; GPUs: {torch.cuda.device_count()}')"
 
-SETTING=(--noiser_context_only true --noiser_start_at 0.25)
+SETTING=(--setting recommended)
 if [ "${1:-}" = "--paper" ]; then
     SETTING=()
     shift
     echo "[advpt]     setting: the paper's exact one"
 else
-    echo "[advpt]     setting: the recommended one (docs/study.md): ${SETTING[*]}"
+    echo "[advpt]     setting: the recommended one (docs/study.md): $(python -c 'from advpt.variants
+import VARIANTS; print(*VARIANTS["recommended"])')"
 fi
 RUN_DIR="runs/quickstart-$(date +%Y%m%d-%H%M%S)"
 if [ "$ADVPT_GPUS" -gt 0 ]; then

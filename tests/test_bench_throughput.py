@@ -46,23 +46,29 @@ def test_every_mode_times_the_phases_its_name_says(tmp_path):
         sys.executable, "scripts/bench_throughput.py", "--preset", "tiny", "--steps", "2",
         "--warmup", "1", "--checkpointing", "0", "--max_length", "64", "--json", str(out),
         "--modes", "random", "alternating", "simultaneous", "context-warmup",
+        "sparse-alternating", "sparse-simultaneous", "--rounds", "2",
     ]  # fmt: skip
     result = subprocess.run(
         command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {row["mode"]: row for row in json.loads(out.read_text())["rows"]}
-    assert set(rows) == {"random", "alternating", "simultaneous", "context-warmup"}
+    assert set(rows) == {"random", "alternating", "simultaneous", "context-warmup",
+                         "sparse-alternating", "sparse-simultaneous"}  # fmt: skip
     assert rows["random"]["cost_vs_random"] == 1.0
-    for mode in ("alternating", "simultaneous", "context-warmup"):
-        assert rows[mode]["cost_vs_random"] > 0  # a timing (see above)
-        assert rows[mode]["tokens_per_s"] > 0
+    for mode, row in rows.items():
+        assert len(row["ms_per_round"]) == 2  # every mode timed in each of the two rounds
+        assert row["cost_range"][0] <= row["cost_vs_random"] <= row["cost_range"][1], mode
+        assert row["cost_vs_random"] > 0 and row["tokens_per_s"] > 0  # timings (see above)
     # whole cycles of the alternating schedule: --steps 2 rounds up to 10 encoder steps
     cycle = {"noiser": 10, "encoder": 10}
     assert rows["random"]["phases"] == {"encoder": 10}
     assert rows["alternating"]["phases"] == cycle
     assert rows["context-warmup"]["phases"] == cycle
     assert rows["simultaneous"]["phases"] == {"joint": 2}
+    # one noiser step per four encoder steps; a joint step every second step
+    assert rows["sparse-alternating"]["phases"] == {"noiser": 1, "encoder": 4}
+    assert rows["sparse-simultaneous"]["phases"] == {"joint": 1, "encoder": 1}
 
 
 def test_micro_batch_search_doubles_then_bisects():

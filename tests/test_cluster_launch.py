@@ -319,7 +319,9 @@ def test_every_flag_the_slurm_scripts_pass_is_an_advpt_train_flag(monkeypatch):
     assert len(commands) == 1  # in pretrain.sh, run by both sbatch scripts
     config = parse(TrainConfig, commands[0])
     assert config.run.resume and config.dataset.data == "uniref50.fasta.gz"
-    assert (config.model.noiser_context_only, config.method.noiser_start_at) == (True, 0.25)
+    recommended = parse(TrainConfig, ["--setting", "recommended"])
+    for section in ("method", "model", "masking"):  # the recommended setting's, as the README's
+        assert getattr(config, section) == getattr(recommended, section), section
 
 
 def fake_cluster(tmp_path: Path, train_exit: str) -> dict[str, str]:

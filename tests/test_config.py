@@ -145,10 +145,28 @@ def test_finetune_settings_share_the_style(tmp_path):
 
 
 def test_every_training_variant_is_a_valid_set_of_flags():
+    rates = {"random-15": 0.15, "random-40": 0.4}  # the others mask the paper's 20%
     for name, flags in VARIANTS.items():
         config = parse(TrainConfig, flags)
-        assert config.method.mode == ("random" if name.startswith("random") else "adversarial")
-        assert sum(config.masking_rates()) == pytest.approx(0.15 if name == "random-15" else 0.2)
+        random = name.startswith("random") or name == "span"
+        assert config.method.mode == ("random" if random else "adversarial"), name
+        assert sum(config.masking_rates()) == pytest.approx(rates.get(name, 0.2)), name
+    assert parse(TrainConfig, VARIANTS["span"]).masking.random_masking == "span"
+
+
+def test_a_named_setting_is_its_flags_and_a_run_file_or_flags_override_it(tmp_path):
+    named = parse(TrainConfig, ["--setting", "sparse-simultaneous"])
+    assert named == parse(TrainConfig, VARIANTS["sparse-simultaneous"])
+    assert (named.method.joint_every, named.model.noiser_arch) == (2, "conv")
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text("method: {joint_every: 4}\n")
+    over = parse(TrainConfig, ["--setting", "sparse-simultaneous", "--config", str(run_file)])
+    assert (over.method.joint_every, over.method.schedule) == (4, "simultaneous")
+    flag = parse(TrainConfig, ["--config", str(run_file), "--setting", "recommended",
+                               "--joint_every", "5"])  # fmt: skip
+    assert flag.method.joint_every == 5
+    with pytest.raises(SystemExit):  # argparse names the choices
+        parse(TrainConfig, ["--setting", "no-such-setting"])
 
 
 def test_section_names_are_no_setting_names_and_old_ones_are_settings_only():

@@ -9,6 +9,7 @@ from advpt.masking import (
     num_scores,
     random_mask,
     relaxed_subset_sample,
+    span_mask,
     subset_sizes,
 )
 from advpt.tokenizer import TAPE
@@ -90,6 +91,40 @@ def test_random_mask_rates_and_split_over_many_draws():
     assert same_share == pytest.approx(0.1 + 0.1 / 25, abs=0.01)
     assert (changed >= TAPE.first_residue_id).logical_or(changed == TAPE.mask_id).all()
     assert torch.equal(inputs[~masked], ids[~masked])
+
+
+def test_span_mask_takes_exact_budgets_in_geometric_spans():
+    generator = torch.Generator().manual_seed(4)
+    ids = torch.randint(TAPE.first_residue_id, TAPE.size, (300, 200), generator=generator)
+    maskable = torch.ones_like(ids, dtype=torch.bool)
+    maskable[:, 0] = False  # <cls>
+    maskable[:, 150:] = torch.arange(300)[:, None] % 2 == 0  # every other row is shorter
+    maskable[1::2, 149] = False  # a <sep> inside the row
+    inputs, masked = span_mask(ids, maskable, 0.4, TAPE, generator, mean_span=3.0)
+    assert torch.equal(masked.sum(1), subset_sizes(maskable, 0.4))  # the budget, exactly
+    assert not (masked & ~maskable).any()
+    # maximal runs of masked positions: spans of mean 3 (clipped at 10), some of them merged
+    runs = [len(r) for row in masked.int().tolist() for r in "".join(map(str, row)).split("0") if r]
+    assert 3.0 < sum(runs) / len(runs) < 6.0
+    assert sum(1 for r in runs if r == 1) > 0.1 * len(runs)  # not all one length
+    changed, original = inputs[masked], ids[masked]
+    assert (changed == TAPE.mask_id).float().mean().item() == pytest.approx(0.8, abs=0.01)
+    assert (changed == original).float().mean().item() == pytest.approx(0.104, abs=0.01)
+    assert torch.equal(inputs[~masked], ids[~masked])
+    # a generator in the same state draws the same spans (the stream is a function of its seed)
+    generator.manual_seed(5)
+    first = span_mask(ids, maskable, 0.4, TAPE, generator)
+    generator.manual_seed(5)
+    assert all(map(torch.equal, first, span_mask(ids, maskable, 0.4, TAPE, generator)))
+
+
+def test_collator_masks_spans_with_the_random_share():
+    examples = [[2, *range(5, 29), *range(5, 29), 3], [2, *range(5, 25), 3]]
+    batch = MaskingCollator(0.2, 0.1, 0, TAPE, mean_span=4.0)(examples, batch_number=0)
+    residues = TAPE.is_residue(batch.ids).sum(1)
+    assert torch.equal(batch.random_masked.sum(1), torch.round(residues * 0.2).long())
+    assert torch.equal(batch.budget, torch.round(residues * 0.1).long())
+    assert not (batch.eligible & batch.random_masked).any()
 
 
 def _batch(seed: int = 0):

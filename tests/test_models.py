@@ -8,7 +8,13 @@ import torch
 import torch.nn.functional as F
 
 from advpt.masking import num_scores
-from advpt.models import ENCODER_PRESETS, NOISER_PRESETS, GRUNoiser, MaskedLanguageModel
+from advpt.models import (
+    ENCODER_PRESETS,
+    NOISER_PRESETS,
+    ConvNoiser,
+    GRUNoiser,
+    MaskedLanguageModel,
+)
 from advpt.models.encoder import rows_of
 from advpt.tokenizer import TAPE, Vocabulary
 from tests.helpers import REPO, child_env
@@ -139,9 +145,13 @@ def test_masked_rows_give_the_full_forward_gradients(preset):
         torch.testing.assert_close(by_rows, full)
 
 
-def test_noiser_scores_each_token_and_ignores_padding():
+NOISERS = [GRUNoiser, ConvNoiser]
+
+
+@pytest.mark.parametrize("architecture", NOISERS)
+def test_noiser_scores_each_token_and_ignores_padding(architecture):
     torch.manual_seed(3)
-    noiser = GRUNoiser(NOISER_PRESETS["tiny"], TAPE).eval()
+    noiser = architecture(NOISER_PRESETS["tiny"], TAPE).eval()
     ids, valid = _ids([6, 11, 9])  # not sorted by length: the noiser sorts and restores rows
     lengths = valid.sum(1)
     scores = noiser(ids, lengths)
@@ -151,8 +161,9 @@ def test_noiser_scores_each_token_and_ignores_padding():
         torch.testing.assert_close(scores[row : row + 1, :n], alone, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("architecture", NOISERS)
 @pytest.mark.parametrize("bidirectional", [True, False])
-def test_context_only_noiser_cannot_see_the_residue_it_scores(bidirectional):
+def test_context_only_noiser_cannot_see_the_residue_it_scores(bidirectional, architecture):
     torch.manual_seed(3)
     ids, valid = _ids([11, 6])
     lengths = valid.sum(1)
@@ -162,7 +173,7 @@ def test_context_only_noiser_cannot_see_the_residue_it_scores(bidirectional):
         cfg = dataclasses.replace(
             NOISER_PRESETS["tiny"], bidirectional=bidirectional, context_only=context_only
         )
-        noiser = GRUNoiser(cfg, TAPE).eval()
+        noiser = architecture(cfg, TAPE).eval()
         moved = (noiser(ids, lengths) - noiser(changed, lengths)).abs().amax(-1)  # [B, L]
         assert (moved[0, 5] == 0) == context_only  # its own score
         assert moved[0, 6] > 0  # the next position sees it (forward state)
@@ -170,6 +181,23 @@ def test_context_only_noiser_cannot_see_the_residue_it_scores(bidirectional):
         assert (moved[1] == 0).all()  # the other row
     short = noiser(ids[1:, :6], lengths[1:])  # padding still changes nothing
     torch.testing.assert_close(noiser(ids, lengths)[1:, :6], short, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_conv_noiser_sees_as_far_as_its_receptive_field(backward):
+    """Each direction of the conv noiser reads 2**conv_layers tokens, its own included: the
+    forward one those before, the backward one those after."""
+    torch.manual_seed(3)
+    noiser = ConvNoiser(dataclasses.replace(NOISER_PRESETS["tiny"], conv_layers=3), TAPE).eval()
+    ids, valid = _ids([20])
+    lengths = valid.sum(1)
+    scored = 10
+    for distance, seen in ((7, True), (8, False)):
+        changed = ids.clone()
+        at = scored + distance if backward else scored - distance
+        changed[0, at] = 7 if ids[0, at] != 7 else 8
+        moved = (noiser(ids, lengths) - noiser(changed, lengths)).abs().amax(-1)[0, scored]
+        assert (moved > 0) == seen, (distance, backward)
 
 
 @pytest.mark.parametrize(("preset", "package"), [("tiny", "tape"), ("esm2_tiny", "transformers")])

@@ -106,6 +106,29 @@ def test_simultaneous_run_steps_both_engines_every_step(tmp_path, distributed):
     assert trainer.noiser.lr_scheduler.lr_lambdas[0](3) == pytest.approx(0.5)
 
 
+def test_joint_every_k_steps_the_noiser_once_in_k_and_resumes_in_step(tmp_path, distributed):
+    flags = ["--schedule", "simultaneous", "--joint_every", "3", "--max_steps", "7",
+             "--log_every", "1", "--min_lr_ratio", "0", "--checkpoint_every", "4"]  # fmt: skip
+    trainer = build_tiny_trainer(tmp_path, *flags)
+    noiser = {n: p.detach().clone() for n, p in trainer.noiser.module.named_parameters()}
+    trainer.train()
+    c = trainer.counters
+    assert (c.encoder_step, c.noiser_step, c.joint_step, c.step) == (7, 3, 3, 7)
+    assert any(not torch.equal(p, noiser[n]) for n, p in trainer.noiser.module.named_parameters())
+    phases = [r["phase"] for r in read_metrics(tmp_path / "run") if "encoder_loss" in r]
+    assert phases == ["joint", "encoder", "encoder"] * 2 + ["joint"]
+    # the noiser's LR schedule spans its 7 / 3 steps: at step 1 of 2 it is half-way down
+    assert trainer.noiser.lr_scheduler.lr_lambdas[0](1) == pytest.approx(0.5)
+    # a run stopped after step 4 resumes with the schedule where it was: the same phases
+    resumed_dir = tmp_path / "resumed"
+    first = build_tiny_trainer(resumed_dir, *flags, "--stop_after_steps", "4")
+    first.train()
+    second = build_tiny_trainer(resumed_dir, *flags, "--resume", "true")
+    second.train()
+    again = [r["phase"] for r in read_metrics(resumed_dir / "run") if "encoder_loss" in r]
+    assert again == phases
+
+
 def test_resuming_under_the_other_schedule_is_refused(tmp_path, distributed):
     build_tiny_trainer(tmp_path).save()
     joint = build_tiny_trainer(tmp_path, "--schedule", "simultaneous")

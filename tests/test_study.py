@@ -1,5 +1,6 @@
 """The masking study script at its quick size: every arm over two seeds, a table, three plots."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -33,23 +34,26 @@ def test_quick_study_writes_the_table_and_plots(tmp_path):
     rows = rows[: rows.index(next(row for row in rows if row.startswith("| unigram"))) + 1]
     cells = [[cell.strip() for cell in row.split("|")[1:-1]] for row in rows]
     assert [row[0] for row in cells] == [
-        "random 15%", "random 20%", "paper: alternating, 10% random + 10% noiser",
-        "context-only noiser", "context-only noiser, from 25% of the updates",
-        "simultaneous schedule", "importance-weighted masking",
+        "random 15%", "random 20%", "random 40%", "span masking, 20%",
+        "paper: alternating, 10% random + 10% noiser",
+        "context-only GRU noiser from 25% of the updates",
+        "conv noiser, 1 noiser step per 4 encoder steps",
+        "conv noiser, a joint step every 2nd step",
         "unigram baseline",
     ]  # fmt: skip
     for row in cells[:-1]:
         assert row[1].split(" / ")[0] == "4"  # the same number of encoder updates for every arm
-        for column in (4, 6, 8):  # losses: random masking, hard positions, equal wall time
+        for column in (3, 5, 7):  # losses: random masking, hard positions, equal time
             loss, std = _mean_std(row[column])
             assert 0 < loss < 10 and std >= 0
-        assert _mean_std(row[4])[1] > 0  # two seeds that differ
-        for column in (5, 7):
+        assert _mean_std(row[3])[1] > 0  # two seeds that differ
+        for column in (4, 6):
             assert 0 <= _mean_std(row[column])[0] <= 1
-    unigram = _mean_std(cells[-1][4])[0]
+    unigram = _mean_std(cells[-1][3])[0]
     assert 2.7 < unigram < 3.0  # the bundled proteome's residue entropy is about 2.86 nats
-    assert _mean_std(cells[1][3]) == (1.0, 0.0)  # random 20% is the time reference
-    assert "| random 20% | " in report.split("minus the paper's setting's")[1]  # paired table
+    assert _mean_std(cells[1][2]) == (1.0, 0.0)  # random 20% is the time reference
+    assert "| random 15% | " in report.split("minus the best free heuristic's")[1]  # paired
+    assert "**Do the encoders use context?**" in report and "**Does adversarial" in report
     for png in ("study_scores.png", "study_curves.png", "study_residues.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({png})" in report
@@ -65,3 +69,39 @@ def test_quick_study_writes_the_table_and_plots(tmp_path):
             r["random masking"]["scored"] for r in results if r.get("seed") == seed and "curve" in r
         }
         assert len(scored) == 1
+
+    # the report again from the saved results, with measured costs per update: an arm that
+    # costs twice as much is read at half the updates on its curve
+    costs = tmp_path / "costs.json"
+    rows = [{"mode": arm, "cost_vs_random": 2.0} for arm in ("alternating", "sparse-simultaneous")]
+    costs.write_text(json.dumps({"rows": [{"mode": "random", "cost_vs_random": 1.0}, *rows]}))
+    again = subprocess.run(
+        [*command, "--report_only", "--costs", str(costs)], cwd=REPO, env=child_env(),
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    report = (out / "study.md").read_text()
+    assert "cost per update (x random 20%)" in report and "--costs costs.json" in report
+    table = {line.split(" | ")[0]: line.split(" | ") for line in report.splitlines()}
+    assert table["| paper: alternating, 10% random + 10% noiser"][2] == "2.00"
+    assert table["| random 40%"][2] == "1.00"
+
+
+def _study():
+    spec = importlib.util.spec_from_file_location("study", REPO / "scripts/study_masking.py")
+    study = importlib.util.module_from_spec(spec)
+    sys.modules["study"] = study  # its dataclasses look their module up
+    spec.loader.exec_module(study)
+    return study
+
+
+def test_equal_compute_charges_warmup_steps_as_random_ones():
+    study = _study()
+    assert study.steps_for_compute(100, warmup=0, cost=2.0) == 50
+    assert study.steps_for_compute(100, warmup=25, cost=1.5) == 75  # 25 + 75 / 1.5
+    assert study.steps_for_compute(20, warmup=25, cost=1.5) == 20  # all within the warm-up
+    curve = [(0, 0.0, 4.0), (50, 1.0, 3.0), (100, 2.0, 2.0)]  # (step, seconds, loss)
+    run = {"arm": "x", "warmup_steps": 0, "curve": curve, "seconds": 2.0}
+    reference = {"encoder_updates": 100, "seconds": 1.0}
+    assert study.equal_compute(run, reference, {"x": 2.0}) == 3.0  # step 50
+    assert study.equal_compute(run, reference, None) == 3.0  # at 1.0 s of its own wall time

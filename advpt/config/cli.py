@@ -118,6 +118,14 @@ def build_parser(root: type) -> argparse.ArgumentParser:
         help="print a DeepSpeed JSON shipped with advpt, to copy and edit, and exit: "
         + ", ".join(ds_configs.specs()),
     )
+    named = getattr(root, "NAMED_SETTINGS", {})
+    if named:
+        parser.add_argument(
+            "--setting",
+            choices=list(named),
+            help="start from a named setting (advpt.variants; recommended is the one "
+            "docs/study.md's evidence picks): its flags, which a run file and flags override",
+        )
     groups: dict[str, Any] = {"": parser}
     for setting in _settings(root).values():
         if setting.section not in groups:
@@ -180,14 +188,19 @@ def _apply(config: Any, values: dict[str, Any], source: str) -> None:
 
 def parse(root: type[Root], argv: list[str] | None = None) -> Root:
     """Defaults of ``root``, then the run file, then the flags; validated."""
-    args = build_parser(root).parse_args(argv)
+    parser = build_parser(root)
+    args = parser.parse_args(argv)
     config = root()
+    if getattr(args, "setting", None):
+        named = vars(parser.parse_args(root.NAMED_SETTINGS[args.setting]))
+        values = {k: v for k, v in named.items() if v is not None and k in _settings(root)}
+        _apply(config, values, f"setting {args.setting}")
     if args.config:
         _apply(config, _read_run_file(args.config), f"run file {args.config}")
     flags = {
         name: value
         for name, value in vars(args).items()
-        if value is not None and name not in ("config", "local_rank", "debug")
+        if value is not None and name not in ("config", "local_rank", "debug", "setting")
     }
     _apply(config, flags, "command line")
     config.validate()

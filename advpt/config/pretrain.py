@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from advpt.config.duration import duration_seconds
 from advpt.config.section import Section
 from advpt.data.bundled import BUNDLED_PROTEOME
 from advpt.data.sampling import SampleBy
+from advpt.masking.random import RandomMasking
 from advpt.masking.subset import SamplerBackend
 from advpt.models.encoder import EncoderPreset
 from advpt.models.noiser import NoiserArch, NoiserPreset
+from advpt.variants import VARIANTS
 
 # The method's own switches, which the training loop reads from here.
 Mode = Literal["adversarial", "random"]
@@ -51,6 +53,9 @@ class MethodConfig(Section):
     """Noiser optimizer steps per cycle (maximising the MLM loss)."""
     encoder_steps: int = 10
     """Encoder optimizer steps per cycle (minimising it)."""
+    joint_every: int = 1
+    """Simultaneous schedule: every n-th step is joint (the noiser learns from it) and the steps
+    between train the encoder alone, the noiser only sampling; 1 makes every step joint."""
     reversal_scale: float = 1.0
     """Simultaneous schedule: the noiser receives -reversal_scale x the loss gradient."""
     noiser_start_at: float = 0.0
@@ -62,6 +67,7 @@ class MethodConfig(Section):
         return [
             (self.noiser_steps > 0, "noiser_steps must be positive"),
             (self.encoder_steps > 0, "encoder_steps must be positive"),
+            (self.joint_every > 0, "joint_every must be positive"),
             (self.reversal_scale > 0, "reversal_scale must be > 0"),
             (0.0 <= self.noiser_start_at < 1.0, "noiser_start_at must be in [0, 1)"),
         ]
@@ -128,22 +134,25 @@ class ModelConfig(Section):
     noiser: NoiserPreset = "paper"
     """Noiser size: paper is the paper's GRU (3 layers, 1024 in, 512 out)."""
     noiser_arch: NoiserArch = "gru"
-    """gru is the paper's noiser; transformer uses the encoder's layers (beyond the paper)."""
+    """gru is the paper's noiser; transformer uses the encoder's layers, conv the GRU's two
+    directions as dilated convolutions that score every position at once (beyond the paper)."""
     noiser_bidirectional: bool = True
-    """GRU noiser only: read the sequence both ways (the transformer noiser always does)."""
+    """GRU or conv noiser: read the sequence both ways (the transformer noiser always does)."""
     noiser_context_only: bool = False
-    """GRU noiser only: score each position from its neighbours alone, so where and how it
+    """GRU or conv noiser: score each position from its neighbours alone, so where and how it
     corrupts cannot give away the residue there. Off is the paper's noiser."""
     activation_checkpointing: int = 0
     """Recompute every n-th encoder layer in the backward pass to save memory; 0 is off."""
 
     def rules(self) -> list[tuple[bool, str]]:
-        gru = self.noiser_arch == "gru"
+        directional = self.noiser_arch in ("gru", "conv")
         return [
-            (gru or self.noiser_bidirectional, "noiser_bidirectional false needs noiser_arch gru"),
-            (gru or not self.noiser_context_only, "noiser_context_only needs noiser_arch gru"),
+            (directional or self.noiser_bidirectional,
+             "noiser_bidirectional false needs noiser_arch gru or conv"),
+            (directional or not self.noiser_context_only,
+             "noiser_context_only needs noiser_arch gru or conv"),
             (self.activation_checkpointing >= 0, "activation_checkpointing must be >= 0"),
-        ]
+        ]  # fmt: skip
 
 
 @dataclass
@@ -158,6 +167,12 @@ class MaskingConfig(Section):
 
     random_rate: float = 0.1
     """Share of the residues masked at random (corrupted 80/10/10: [MASK], kept, replaced)."""
+    random_masking: RandomMasking = "token"
+    """token masks each residue on its own (BERT's); span masks contiguous spans of
+    geometric length (SpanBERT's), exactly round(random_rate x residues) per sequence.
+    Validation always masks tokens."""
+    mean_span: float = 3.0
+    """random_masking span: mean span length (geometric, clipped at 10 residues)."""
     adversarial_rate: float = 0.1
     """Share of the residues the noiser chooses and corrupts."""
     subset_temperature: float = 1.0
@@ -188,6 +203,7 @@ class MaskingConfig(Section):
             (self.adversarial_rate >= 0.0, "adversarial_rate must be >= 0"),
             (self.random_rate + self.adversarial_rate <= 1.0,
              "random_rate + adversarial_rate must be at most 1"),
+            (1.0 <= self.mean_span <= 10.0, "mean_span must be in [1, 10]"),
             (self.subset_temperature > 0, "subset_temperature must be > 0"),
             (self.option_temperature > 0, "option_temperature must be > 0"),
             (self.importance_clip > 0, "importance_clip must be > 0"),
@@ -311,6 +327,8 @@ class RunConfig(Section):
 @dataclass
 class TrainConfig(Section):
     """Adversarial (or random) MLM pre-training of a protein encoder."""
+
+    NAMED_SETTINGS: ClassVar[dict[str, list[str]]] = VARIANTS  # --setting NAME
 
     method: MethodConfig = field(default_factory=MethodConfig)
     dataset: DataConfig = field(default_factory=DataConfig)

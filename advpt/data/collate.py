@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from advpt.masking.random import random_mask
+from advpt.masking.random import random_mask, span_mask
 from advpt.masking.subset import subset_sizes
 from advpt.tokenizer import Vocabulary
 
@@ -70,14 +70,24 @@ class MaskingCollator:
 
     ``random_rate`` is the per-residue random masking probability; ``adversarial_rate`` the share
     of each sequence's residues the noiser will pick among those random masking left (0 for the
-    random-MLM baseline). ``vocab`` is the examples' vocabulary (the encoder's).
+    random-MLM baseline). ``vocab`` is the examples' vocabulary (the encoder's). With
+    ``mean_span`` random masking takes contiguous spans of that mean length
+    (:func:`advpt.masking.random.span_mask`) instead of single tokens.
     """
 
-    def __init__(self, random_rate: float, adversarial_rate: float, seed: int, vocab: Vocabulary):
+    def __init__(
+        self,
+        random_rate: float,
+        adversarial_rate: float,
+        seed: int,
+        vocab: Vocabulary,
+        mean_span: float | None = None,
+    ):
         self.random_rate = random_rate
         self.adversarial_rate = adversarial_rate
         self.seed = seed
         self.vocab = vocab
+        self.mean_span = mean_span
 
     def __call__(self, examples: list[np.ndarray], batch_number: int) -> Batch:
         lengths = torch.tensor([len(e) for e in examples], dtype=torch.int64)
@@ -87,7 +97,14 @@ class MaskingCollator:
         valid = torch.arange(ids.shape[1]) < lengths[:, None]
         maskable = self.vocab.is_residue(ids)  # never specials, <unk> or padding
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + batch_number)
-        inputs, random_masked = random_mask(ids, maskable, self.random_rate, self.vocab, generator)
+        if self.mean_span:
+            inputs, random_masked = span_mask(
+                ids, maskable, self.random_rate, self.vocab, generator, self.mean_span
+            )
+        else:
+            inputs, random_masked = random_mask(
+                ids, maskable, self.random_rate, self.vocab, generator
+            )
         eligible = maskable & ~random_masked
         budget = torch.minimum(subset_sizes(maskable, self.adversarial_rate), eligible.sum(1))
         return Batch(

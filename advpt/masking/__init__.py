@@ -7,7 +7,7 @@ from advpt.masking.adversarial import (
     num_scores,
     straight_through,
 )
-from advpt.masking.random import random_mask
+from advpt.masking.random import random_mask, span_mask
 from advpt.masking.subset import gumbel_like, hard_top_k, relaxed_subset_sample, subset_sizes
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "num_scores",
     "random_mask",
     "relaxed_subset_sample",
+    "span_mask",
     "straight_through",
     "subset_sizes",
 ]

@@ -159,11 +159,13 @@ def build_data(
     random_rate, adversarial_rate = config.masking_rates()
     view = CroppedView(dataset, train, d.max_length, seed, vocab)
     batches = LengthBucketedBatches(view, micro_batch, seed=seed, bucket_batches=d.bucket_batches)
-    collate = MaskingCollator(random_rate, adversarial_rate, seed, vocab)
+    m = config.masking
+    spans = m.mean_span if m.random_masking == "span" else None
+    collate = MaskingCollator(random_rate, adversarial_rate, seed, vocab, spans)
     stream = MicroBatches(view, batches, collate, rank, world)
     chosen = sample(held_out, d.val_max_batches * micro_batch, seed)
     held_out_view = CroppedView(dataset, chosen, d.max_length, seed, vocab)
-    val_rate = config.masking.val_masking_rate or random_rate + adversarial_rate
+    val_rate = m.val_masking_rate or random_rate + adversarial_rate
     val_collate = MaskingCollator(val_rate, 0.0, seed + 1, vocab)
     return stream, ValidationBatches(held_out_view, micro_batch, val_collate, rank, world)
 
@@ -189,7 +191,7 @@ def build_engines(
         played = s.max_steps - random_only_steps(s.max_steps, method.noiser_start_at)
         warmup, total = noiser_lr_steps(
             played, s.warmup_steps, method.noiser_steps, method.encoder_steps,
-            s.noiser_warmup_steps, config.simultaneous,
+            s.noiser_warmup_steps, config.simultaneous, method.joint_every,
         )  # fmt: skip
         noiser_model = build_noiser(
             m.noiser_arch, m.noiser, encoder_cfg.vocabulary, m.noiser_bidirectional,

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.autograd.profiler import record_function
 
 from advpt.config.pretrain import MaskingConfig
 from advpt.data.collate import Batch
@@ -78,10 +79,11 @@ def masked_lm(
         masked: ``[B, L]`` bool, the positions whose original residue is predicted.
         weight: ``[B, L]`` per-position loss weight, or None for all 1.
     """
-    return encoder(
-        tokens, batch.valid, batch.ids, masked, batch.num_masked, weight, batch.has_padding,
-        batch.max_masked,
-    )  # fmt: skip
+    with record_function("advpt.encoder_forward"):  # a range in profiles (scripts/profile_step.py)
+        return encoder(
+            tokens, batch.valid, batch.ids, masked, batch.num_masked, weight, batch.has_padding,
+            batch.max_masked,
+        )  # fmt: skip
 
 
 class AdversarialObjective:
@@ -95,12 +97,22 @@ class AdversarialObjective:
         self.importance = importance
         self.reversal_scale = reversal_scale
 
+    @staticmethod
+    def score(noiser: Callable[..., torch.Tensor], batch: Batch) -> torch.Tensor:
+        """The noiser's scores ``[B, L, 1 + 2 + A]`` for ``batch``."""
+        with record_function("advpt.noiser_forward"):
+            return noiser(batch.ids, batch.lengths)
+
     def draw(self, scores: torch.Tensor, batch: Batch) -> Draw:
         """Sample the noiser's corruption from ``scores`` ``[B, L, 1 + 2 + A]``.
 
         The importance estimator takes only the positions from the noiser and corrupts them
         80/10/10, so that reweighting the positions recovers the random-MLM objective.
         """
+        with record_function("advpt.sampler"):
+            return self._draw(scores, batch)
+
+    def _draw(self, scores: torch.Tensor, batch: Batch) -> Draw:
         m = self.masking
         importance = None
         if self.importance:
@@ -154,7 +166,7 @@ class AdversarialObjective:
         The encoder's parameters are frozen through the backward too, so that a recomputing
         (activation-checkpointed) forward cannot give them gradients.
         """
-        draw = self.draw(noiser(batch.ids, batch.lengths), batch)
+        draw = self.draw(self.score(noiser, batch), batch)
         params = list(encoder.parameters())
         for p in params:
             p.requires_grad_(False)
@@ -181,7 +193,7 @@ class AdversarialObjective:
             backward(out.loss)
             return out, None
         with torch.no_grad():
-            draw = self.draw(noiser(batch.ids, batch.lengths), batch)
+            draw = self.draw(self.score(noiser, batch), batch)
         masked = batch.random_masked | draw.sample.positions
         weight = self.loss_weight(draw, straight_through=False)
         out = masked_lm(encoder, batch, draw.sample.ids, masked, weight)
@@ -217,7 +229,7 @@ class AdversarialObjective:
         weight (``EngineBridge``), so each engine's backward stays within its own graph; the
         noiser receives ``-reversal_scale`` times the loss gradient at the cut.
         """
-        draw = self.draw(noiser(batch.ids, batch.lengths), batch)
+        draw = self.draw(self.score(noiser, batch), batch)
         bridge = EngineBridge(draw.sample.one_hot, self.loss_weight(draw, straight_through=True))
         one_hot, weight = bridge.leaves
         masked = batch.random_masked | draw.sample.positions

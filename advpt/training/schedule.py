@@ -53,7 +53,7 @@ class AlternatingSchedule:
         return {"phase": self.phase, "steps_in_phase": self.steps_in_phase}
 
     def load_state_dict(self, state: dict) -> None:
-        if state["phase"] == JOINT:
+        if state["phase"] == JOINT or state.get("schedule") == "simultaneous":
             raise ValueError(
                 "the checkpoint was written by the simultaneous schedule; resume it with "
                 "--schedule simultaneous"
@@ -63,38 +63,53 @@ class AlternatingSchedule:
 
 
 class SimultaneousSchedule:
-    """Every step is a joint step: one forward and backward updates noiser and encoder.
+    """Joint steps: one forward and backward updates noiser and encoder.
 
     Beyond the paper: the noiser gets the encoder's gradient reversed, so no phase is spent on
-    the noiser alone (``advpt.masking.reversal``). Stateless; its state records only its kind.
+    the noiser alone (``advpt.masking.reversal``). With ``joint_every = k`` only every k-th step
+    is joint; the steps between are encoder steps (the noiser samples under ``no_grad``), so the
+    noiser's update, the backward through the encoder to its inputs, is paid once in k steps.
     """
 
-    phase = JOINT
+    def __init__(self, joint_every: int = 1):
+        self.joint_every = joint_every
+        self.steps = 0  # optimizer steps since the schedule started
+
+    @property
+    def phase(self) -> str:
+        return JOINT if self.steps % self.joint_every == 0 else ENCODER
 
     def advance(self) -> None:
-        """Nothing to count: the next step is joint again."""
+        """Count the step: the next joint step comes ``joint_every`` steps after the last."""
+        self.steps += 1
 
     def steps_until(self, encoder_steps: int) -> int:
-        """Every step is an encoder step (and a noiser step)."""
+        """Every step is an encoder step (and every ``joint_every``-th a noiser step)."""
         return encoder_steps
 
-    def state_dict(self) -> dict[str, str]:
-        return {"phase": JOINT}
+    def state_dict(self) -> dict[str, int | str]:
+        return {"phase": self.phase, "schedule": "simultaneous", "steps": self.steps}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("phase") != JOINT:
+        # before joint_every, the state was {"phase": JOINT} alone, and every step joint
+        if state.get("schedule") != "simultaneous" and state.get("phase") != JOINT:
             raise ValueError(
                 "the checkpoint was written by the alternating schedule; resume it with "
                 "--schedule alternating"
             )
+        self.steps = int(state.get("steps", 0))
 
 
 def make_schedule(
-    simultaneous: bool, noiser_steps: int, encoder_steps: int, adversarial: bool
+    simultaneous: bool,
+    noiser_steps: int,
+    encoder_steps: int,
+    adversarial: bool,
+    joint_every: int = 1,
 ) -> AlternatingSchedule | SimultaneousSchedule:
     """The run's schedule: simultaneous, or alternating (every step an encoder step if random)."""
     if simultaneous:
-        return SimultaneousSchedule()
+        return SimultaneousSchedule(joint_every)
     return AlternatingSchedule(noiser_steps, encoder_steps, adversarial)
 
 
@@ -160,15 +175,16 @@ def noiser_lr_steps(
     encoder_steps: int,
     noiser_warmup_steps: int,
     simultaneous: bool,
+    joint_every: int = 1,
 ) -> tuple[int, int]:
     """``(warmup, total)`` noiser optimizer steps of the noiser's learning-rate schedule.
 
     ``max_steps`` are the encoder steps the noiser plays in (those after a random-only warm-up).
-    The noiser steps once per encoder step in the simultaneous schedule and
+    The noiser steps once per ``joint_every`` encoder steps in the simultaneous schedule and
     ``noiser_steps / encoder_steps`` times as often in the alternating one. Its warmup is
     ``noiser_warmup_steps``, or with -1 the encoder's warmup scaled the same way.
     """
-    ratio = (1, 1) if simultaneous else (noiser_steps, encoder_steps)
+    ratio = (1, joint_every) if simultaneous else (noiser_steps, encoder_steps)
     total = max_steps * ratio[0] // ratio[1]
     warmup = noiser_warmup_steps
     if warmup < 0:

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 from torch import nn
+from torch.autograd.profiler import record_function
 
 from advpt.config.pretrain import TrainConfig
 from advpt.data.collate import Batch
@@ -103,6 +104,7 @@ class Trainer:
             config.method.noiser_steps,
             config.method.encoder_steps,
             config.adversarial,
+            config.method.joint_every,
         )
         self.random_only_steps = (
             random_only_steps(config.optim.max_steps, config.method.noiser_start_at)
@@ -340,7 +342,8 @@ class Trainer:
             grads = [p.grad.norm() for p in engine.module.parameters() if p.grad is not None]
             if grads:
                 self._grad_norms[name] = torch.linalg.vector_norm(torch.stack(grads))
-        engine.step()
+        with record_function(f"advpt.{name}_step"):  # a range in profiles
+            engine.step()
 
     # ----------------------------------------------------------------- reporting
 

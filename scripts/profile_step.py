@@ -1,0 +1,257 @@
+"""Where the time of an encoder update goes, per schedule: a torch.profiler split of the step.
+
+    OMP_NUM_THREADS=1 python scripts/profile_step.py --preset small --max_length 128
+    OMP_NUM_THREADS=1 python scripts/profile_step.py --preset tape-base --max_length 128 \\
+        --micro_batch 8 --noisers gru transformer conv
+
+For each mode (``advpt.variants.VARIANTS``) it builds the real engines (as the benchmark does),
+warms up, and profiles whole noiser + encoder cycles of the trainer's own
+``Trainer.optimizer_step`` with ``torch.profiler`` (CPU activities, one thread). advpt marks its
+ranges in the step (``advpt.noiser_forward``, ``advpt.sampler``, ``advpt.encoder_forward``,
+``advpt.encoder_step``, ``advpt.noiser_step``); a backward op is charged to the range whose forward
+op made it (the profiler's ``sequence_nr`` links the two). The encoder's backward is split once
+more: the noiser phase's runs with the encoder's weights frozen, so all of it is *backward to the
+inputs*; in a phase that trains the encoder, the share of its backward that goes to the *weight
+gradients* is measured on the side, as the difference between the same backward with and without
+the weights (``weight_share``, medians of ``--repeats``), and the rest is charged to the inputs.
+Times are per encoder update (a cycle's total over its encoder updates). ``other`` is the rest of
+the step: data, loss, metrics, DeepSpeed's bookkeeping.
+
+A second table times each noiser architecture's forward and backward alone on the same batch, at
+its preset's size, with its parameter count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from advpt.config.cli import parse  # noqa: E402
+from advpt.config.pretrain import TrainConfig  # noqa: E402
+from advpt.data.stream import stream_loader  # noqa: E402
+from advpt.models import ENCODER_PRESETS, build_noiser  # noqa: E402
+from advpt.training.build import build_trainer, init_distributed  # noqa: E402
+from advpt.training.engines import simple_ds_config  # noqa: E402
+from advpt.training.objective import masked_lm  # noqa: E402
+from advpt.training.schedule import ENCODER, NOISER  # noqa: E402
+from advpt.variants import VARIANTS  # noqa: E402
+
+RANGES = {
+    "advpt.noiser_forward": "noiser",
+    "advpt.sampler": "sampler",
+    "advpt.encoder_forward": "encoder",
+    "advpt.encoder_step": "optimizer",
+    "advpt.noiser_step": "optimizer",
+}
+COLUMNS = (
+    "encoder forward", "encoder backward to inputs", "encoder weight gradients",
+    "noiser forward + backward", "sampler", "optimizer steps", "other",
+)  # fmt: skip
+
+
+def build(args, mode: str, work: Path):
+    """A trainer of ``mode`` at the command line's sizes (fp32, torch's AdamW, one rank)."""
+    work.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in ("encoder", "noiser"):
+        path = work / f"{name}.json"
+        path.write_text(json.dumps(simple_ds_config(args.micro_batch, lr=1e-4)))
+        paths.append(str(path))
+    config = parse(TrainConfig, [
+        "--deepspeed_config", paths[0], "--noiser_deepspeed_config", paths[1],
+        *VARIANTS[mode],
+        "--encoder", args.preset, "--noiser", args.noiser, "--max_length", str(args.max_length),
+        "--run_dir", str(work / "run"), "--num_workers", "0", "--warmup_steps", "1",
+        "--max_steps", str(10**6), "--noiser_start_at", "0", "--log_every", str(10**6),
+    ])  # fmt: skip
+    return build_trainer(config, torch.device("cpu"))
+
+
+def cycle_length(trainer) -> int:
+    """Encoder updates of one whole noiser + encoder cycle of the trainer's schedule."""
+    method = trainer.config.method
+    if trainer.config.simultaneous:
+        return method.joint_every
+    return method.encoder_steps if trainer.config.adversarial else 1
+
+
+def median_seconds(function, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def weight_share(trainer, batch, repeats: int) -> float:
+    """Share of the encoder's backward (one-hot input needing gradients) that goes to its
+    weight gradients: 1 - backward without them / backward with them."""
+    encoder = trainer.encoder.module
+    one_hot = torch.nn.functional.one_hot(batch.inputs, encoder.encoder.cfg.vocab_size).float()
+    masked = batch.random_masked  # the masked-LM rows follow the batch's own counts
+    batch = dataclasses.replace(
+        batch, num_masked=int(masked.sum()), max_masked=int(masked.sum(1).max())
+    )
+
+    def backward(weights: bool) -> float:
+        """Median seconds of the backward call alone (its forward untimed)."""
+        for p in encoder.parameters():
+            p.requires_grad_(weights)
+        times = []
+        for _ in range(repeats):
+            loss = masked_lm(encoder, batch, one_hot.clone().requires_grad_(True), masked).loss
+            start = time.perf_counter()
+            loss.backward()
+            times.append(time.perf_counter() - start)
+            encoder.zero_grad(set_to_none=True)
+        return statistics.median(times)
+
+    try:
+        full, inputs = backward(True), backward(False)
+    finally:
+        for p in encoder.parameters():
+            p.requires_grad_(True)
+    return min(1.0, max(0.0, 1.0 - inputs / full))
+
+
+def split(events, phases: list[str], share: float) -> dict[str, float]:
+    """Seconds per column over the profiled steps (``events``: the profiler's, in order)."""
+    owner: dict[int, str] = {}  # forward op sequence_nr -> range
+    totals: dict[str, float] = defaultdict(float)
+    stack: list[tuple[float, str]] = []  # open advpt ranges: (end time, column)
+    steps = [e for e in events if e.name == "ProfilerStep*" or e.name.startswith("advpt.step#")]
+    for event in sorted(events, key=lambda e: e.time_range.start):
+        while stack and event.time_range.start >= stack[-1][0]:
+            stack.pop()
+        if event.name in RANGES:
+            totals[RANGES[event.name]] += event.cpu_time_total / 1e6
+            stack.append((event.time_range.end, RANGES[event.name]))
+        elif stack and event.sequence_nr >= 0 and not event.name.startswith("autograd::"):
+            owner.setdefault(event.sequence_nr, stack[-1][1])
+    phase_of = {}  # backward event -> the phase of the optimizer step it ran in
+    for event in events:
+        if event.name.startswith("autograd::engine::evaluate_function"):
+            column = owner.get(event.sequence_nr, "other")
+            step = next(
+                (i for i, s in enumerate(steps) if s.time_range.start <= event.time_range.start
+                 < s.time_range.end), None,
+            )  # fmt: skip
+            phase_of[id(event)] = phases[step] if step is not None else ENCODER
+            totals[f"{column} backward {phase_of[id(event)]}"] += event.cpu_time_total / 1e6
+    total = sum(s.cpu_time_total for s in steps) / 1e6
+    encoder_trained = sum(v for k, v in totals.items() if k.startswith("encoder backward")
+                          and not k.endswith(NOISER))  # fmt: skip
+    out = {
+        "encoder forward": totals["encoder"],
+        "encoder backward to inputs": totals[f"encoder backward {NOISER}"]
+        + (1 - share) * encoder_trained,
+        "encoder weight gradients": share * encoder_trained,
+        "noiser forward + backward": totals["noiser"]
+        + sum(v for k, v in totals.items() if k.startswith("noiser backward")),
+        "sampler": totals["sampler"]
+        + sum(v for k, v in totals.items() if k.startswith("sampler backward")),
+        "optimizer steps": totals["optimizer"],
+    }
+    out["other"] = total - sum(out.values())
+    out["total"] = total
+    return out
+
+
+def profile_mode(args, mode: str, work: Path) -> dict:
+    """Per encoder update: seconds in each column for ``mode`` (a whole number of cycles)."""
+    trainer = build(args, mode, work)
+    data = iter(stream_loader(trainer.stream, 0, 0))
+    cycle = cycle_length(trainer)
+    for _ in range(args.warmup):
+        trainer.optimizer_step(data)
+    start = trainer.counters.encoder_step
+    phases = []
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        stop = start + args.cycles * cycle
+        while trainer.counters.encoder_step < stop or trainer.phase == NOISER:
+            with torch.profiler.record_function(f"advpt.step#{len(phases)}"):
+                phases.append(trainer.optimizer_step(data))
+    updates = trainer.counters.encoder_step - start
+    share = weight_share(trainer, next(data), args.repeats)
+    seconds = split(prof.events(), phases, share)
+    row = {"mode": mode, "encoder_updates": updates, "weight_share": share}
+    row |= {k: v / updates * 1000 for k, v in seconds.items()}  # ms per encoder update
+    return row
+
+
+def noiser_rows(args, batch) -> list[dict]:
+    """Forward + backward of each noiser architecture alone, ms, with its parameters."""
+    rows = []
+    for arch in args.noisers:
+        preset = args.noiser
+        noiser = build_noiser(arch, preset, ENCODER_PRESETS[args.preset].vocabulary)
+
+        def run(noiser=noiser):
+            noiser(batch.ids, batch.lengths).sum().backward()
+
+        run()
+        rows.append({
+            "noiser": arch, "preset": preset,
+            "parameters": sum(p.numel() for p in noiser.parameters()),
+            "ms_forward_backward": 1000 * median_seconds(run, args.repeats),
+        })  # fmt: skip
+    return rows
+
+
+def table(rows: list[dict], columns: list[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    for row in rows:
+        cells = [f"{row[c]:.1f}" if isinstance(row[c], float) else str(row[c]) for c in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="small", choices=sorted(ENCODER_PRESETS))
+    parser.add_argument("--noiser", default="small", help="noiser preset")
+    parser.add_argument("--max_length", type=int, default=128)
+    parser.add_argument("--micro_batch", type=int, default=16)
+    parser.add_argument(
+        "--modes", nargs="+", choices=sorted(VARIANTS),
+        default=["random", "alternating", "simultaneous", "recommended"],
+    )  # fmt: skip
+    parser.add_argument("--noisers", nargs="+", default=["gru", "transformer", "conv"])
+    parser.add_argument("--warmup", type=int, default=4, help="untimed optimizer steps first")
+    parser.add_argument("--cycles", type=int, default=1, help="profiled schedule cycles")
+    parser.add_argument("--repeats", type=int, default=5, help="timings behind each median")
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    args = parser.parse_args()
+    init_distributed()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in args.modes:
+            rows.append(profile_mode(args, mode, Path(tmp) / mode))
+            print(table(rows[-1:], ["mode", *COLUMNS, "total"]), flush=True)
+        batch = next(iter(build(args, "random", Path(tmp) / "batch").stream))
+    noisers = noiser_rows(args, batch)
+    header = f"{args.preset}, noiser {args.noiser}, crops of {args.max_length}, micro-batch "
+    header += f"{args.micro_batch}, {torch.get_num_threads()} thread(s); ms per encoder update"
+    print(f"\n{header}\n\n{table(rows, ['mode', *COLUMNS, 'total', 'weight_share'])}\n")
+    print(table(noisers, ["noiser", "preset", "parameters", "ms_forward_backward"]))
+    if args.json:
+        args.json.write_text(json.dumps({"command": " ".join(sys.argv), "header": header,
+                                         "rows": rows, "noisers": noisers}, indent=2))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
