@@ -58,11 +58,16 @@ ANOTHER_RANK = "another rank ended the job (a collective lost its peer); its mes
 
 def rank() -> int:
     """This process's rank: its process group's, or before that exists the ``RANK`` the
-    launcher set (0 without a launcher). The one answer every printing decision uses."""
+    launcher set (0 without a launcher). The one answer every printing decision uses.
+
+    A ``RANK`` that is no rank of ``WORLD_SIZE`` (not a number, too large, no world) counts as
+    0: the error it causes is this process's own, and it must be printed."""
     dist = sys.modules.get("torch.distributed")  # not imported: no process group either
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank()
-    return int(os.environ.get("RANK", "0"))
+    given, world = (os.environ.get(key, "") for key in ("RANK", "WORLD_SIZE"))
+    numbers = all(v.isascii() and v.isdigit() and len(v) < 19 for v in (given, world))
+    return int(given) if numbers and int(given) < int(world) else 0
 
 
 def debug_requested(argv: list[str] | None) -> bool:

@@ -105,8 +105,8 @@ def test_choices_are_those_of_the_modules_that_implement_them():
 @pytest.mark.parametrize(
     "content, message",
     [
-        ("max_steps: yes\n", "'max_steps' must be an integer, got True"),
-        ("run: {seed: 1.5}\n", "'seed' must be an integer, got 1.5"),
+        ("max_steps: yes\n", "'max_steps' must be a 64-bit integer, got True"),
+        ("run: {seed: 1.5}\n", "'seed' must be a 64-bit integer, got 1.5"),
         ("resume: 1\n", "'resume' must be true or false, got 1"),
         ("mode: [random]\n", "'mode' must be adversarial | random"),
         ("max_lenght: 3\n", "unknown setting 'max_lenght' \\(did you mean 'max_length'\\?\\)"),
@@ -134,7 +134,7 @@ def test_a_yaml_alias_bomb_is_refused_in_a_short_sentence(tmp_path):
         anchors.append(f"&l{level} [" + ", ".join([f"*l{level - 1}"] * 9) + "]")
     run_file = tmp_path / "bomb.yaml"
     run_file.write_text(f"max_steps: [{', '.join(anchors)}]\n")
-    with pytest.raises(ConfigError, match="'max_steps' must be an integer, got \\[\\[") as caught:
+    with pytest.raises(ConfigError, match="'max_steps' must be a 64-bit integer, got \\[\\[") as caught:
         parse_config(["--config", str(run_file)])
     assert len(str(caught.value)) < 250
 
@@ -227,7 +227,7 @@ def test_a_section_key_must_hold_a_mapping(tmp_path):
         (TrainConfig(model=ModelConfig(encoder="huge")), "setting 'encoder' must be tape-base"),
         (
             TrainConfig(model=ModelConfig(activation_checkpointing="2")),
-            "setting 'activation_checkpointing' must be an integer, got '2'",
+            "setting 'activation_checkpointing' must be a 64-bit integer, got '2'",
         ),
         (TrainConfig(deepspeed_config=None), "TrainConfig: setting 'deepspeed_config' must be a"),
         (TrainConfig(method=MethodConfig(noiser_start_at=1.0)), "noiser_start_at must be in"),
