@@ -102,15 +102,19 @@ class Stopped(Exception):
 
 
 @contextlib.contextmanager
-def stopping_on_signals() -> Iterator[None]:
-    """While entered, SIGTERM, SIGINT and SIGUSR1 raise :class:`Stopped`, so that the ``finally``
-    blocks of the work in progress remove what it had half-written before the process exits;
-    signals after the first are ignored, so that nothing interrupts that cleaning up."""
+def stopping_on_signals(interrupt_stops: bool = True) -> Iterator[None]:
+    """While entered, SIGTERM, SIGUSR1 and SIGINT raise :class:`Stopped` (exit 75), so that the
+    ``finally`` blocks of the work in progress remove what it had half-written before the
+    process exits; signals after the first are ignored, so that nothing interrupts that
+    cleaning up. Unless ``interrupt_stops``, SIGINT raises ``KeyboardInterrupt`` (exit 130), as
+    it does in training."""
     signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         for sig in signals:
             signal.signal(sig, signal.SIG_IGN)
+        if signum == signal.SIGINT and not interrupt_stops:
+            raise KeyboardInterrupt
         raise Stopped(signum)
 
     previous = {sig: signal.signal(sig, stop) for sig in signals}
