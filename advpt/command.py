@@ -94,8 +94,11 @@ def report(error: BaseException, code: int, debug: bool, this_rank_only: bool = 
     return code
 
 
-class Stopped(Exception):
-    """A stop signal ended a command that keeps none of its unfinished work."""
+class Stopped(BaseException):
+    """A stop signal ended a command that keeps none of its unfinished work.
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is: the signal may come inside any library's
+    ``except Exception`` (tqdm's, starting its monitor thread, swallowed it and went on)."""
 
     def __init__(self, signum: int):
         super().__init__(f"stopped by {signal.Signals(signum).name}; nothing was kept")

@@ -134,7 +134,8 @@ def test_a_yaml_alias_bomb_is_refused_in_a_short_sentence(tmp_path):
         anchors.append(f"&l{level} [" + ", ".join([f"*l{level - 1}"] * 9) + "]")
     run_file = tmp_path / "bomb.yaml"
     run_file.write_text(f"max_steps: [{', '.join(anchors)}]\n")
-    with pytest.raises(ConfigError, match="'max_steps' must be a 64-bit integer, got \\[\\[") as caught:
+    message = "'max_steps' must be a 64-bit integer, got \\[\\["
+    with pytest.raises(ConfigError, match=message) as caught:
         parse_config(["--config", str(run_file)])
     assert len(str(caught.value)) < 250
 
