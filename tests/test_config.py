@@ -238,3 +238,50 @@ def test_a_section_key_must_hold_a_mapping(tmp_path):
 def test_a_config_built_in_code_is_held_to_its_declared_types_and_rules(config, message):
     with pytest.raises(ConfigError, match=message):
         config.validate()
+
+
+def _numeric_settings(section: type) -> list[tuple[str, type]]:
+    """(name, int or float) of every numeric setting of ``section`` and its sections."""
+    found = []
+    for name, kind in typing.get_type_hints(section).items():
+        if dataclasses.is_dataclass(kind):
+            found += _numeric_settings(kind)
+            continue
+        inner = [k for k in typing.get_args(kind) if k is not type(None)] or [kind]
+        if inner[0] in (int, float) and len(inner) == 1:
+            found.append((name, inner[0]))
+    return found
+
+
+NOT_FINITE = ["nan", "-nan", "inf", "-inf", "1e400"]
+PAST_64_BITS = ["9" * 30, "-" + "9" * 30]
+
+
+@pytest.mark.parametrize(
+    ("root", "parse"), [(TrainConfig, parse_config), (FinetuneConfig, parse_finetune_config)]
+)
+def test_no_numeric_setting_takes_a_non_finite_or_past_64_bit_value(root, parse, capsys):
+    settings = _numeric_settings(root)
+    assert ("lr", float) in settings and ("seed", int) in settings
+    for name, kind in settings:
+        for value in NOT_FINITE + (PAST_64_BITS if kind is int else []):
+            with pytest.raises((ConfigError, SystemExit)) as refused:
+                parse([f"--{name}={value}"])
+            if refused.type is ConfigError:
+                assert f"'{name}' must be a" in str(refused.value)
+            else:  # argparse: not an integer at all
+                assert refused.value.code == 2
+                assert f"argument --{name}: invalid int value" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-1e-3"])
+def test_an_infinite_or_non_positive_learning_rate_is_refused(value):
+    with pytest.raises(ConfigError, match=r"'lr' must be a finite number|lr must be positive"):
+        parse_config([f"--lr={value}"])
+    assert parse_config(["--lr", "1e-30"]).lr == 1e-30  # tiny, but a learning rate
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**32)])
+def test_a_seed_outside_32_bits_is_refused(seed):
+    with pytest.raises(ConfigError, match=r"seed must be in \[0, 2\*\*32\)"):
+        parse_config([f"--seed={seed}"])
