@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from advpt.errors import ConfigError
+from advpt.train import main as train_main
 from advpt.training.run_lock import LOCK_FILE, RunDirLock, _is_still
 from tests.helpers import REPO, child_env, launcher_command, read_metrics, tiny_run_args
 
@@ -105,6 +106,24 @@ def test_a_run_whose_lock_links_to_a_user_file_is_refused_and_the_file_kept(tmp_
     )
     assert user_file.read_bytes() == USER_BYTES
     assert [p.name for p in run_dir.iterdir()] == [LOCK_FILE]
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "config.json", "metrics.csv"])
+def test_a_run_file_planted_as_a_link_is_refused_and_its_target_untouched(
+    tmp_path, distributed, capsys, name
+):
+    run_dir, user_file = tmp_path / "run", tmp_path / "data.csv"
+    run_dir.mkdir()
+    user_file.write_bytes(USER_BYTES)
+    os.symlink(user_file, run_dir / name)
+    os.symlink(tmp_path, run_dir / "elsewhere")  # a link to a directory is the user's choice
+    assert train_main([*tiny_run_args(tmp_path, run_dir), *SHORT]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"advpt: error: run directory {run_dir} holds {name}, a symbolic link to a file; advpt "
+        "writes no file through a link: remove it"
+    )
+    assert user_file.read_bytes() == USER_BYTES
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(["elsewhere", name])
 
 
 @pytest.mark.parametrize(
