@@ -314,9 +314,9 @@ def _score_command(model_dir, mutations, out) -> list[str]:
             "--out", str(out), "--device", "cpu", "--tokens_per_batch", "1002"]  # fmt: skip
 
 
-def _write_into_pipe(job, pipe, rows: list[dict]) -> None:
-    """Write ``rows`` as CSV into the named ``pipe`` once ``job`` opens it to read."""
-
+def _reader_waits(job, pipe) -> int:
+    """Once ``job`` opens the named ``pipe`` to read, this end to write it (blocking); until
+    something is written there, ``job`` waits in ``read()``."""
     writer_end: list[int] = []
 
     def opened() -> bool:
@@ -326,10 +326,7 @@ def _write_into_pipe(job, pipe, rows: list[dict]) -> None:
 
     wait_until(job, opened, "reading its mutations")
     os.set_blocking(writer_end[0], True)
-    with os.fdopen(writer_end[0], "w", newline="") as handle:
-        writer = csv.DictWriter(handle, list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    return writer_end[0]
 
 
 def _scored_afterwards(args: list[str], out, variants: int) -> None:
@@ -342,15 +339,16 @@ def _scored_afterwards(args: list[str], out, variants: int) -> None:
 
 @pytest.mark.process
 def test_score_stopped_while_reading_its_mutations_keeps_nothing_and_runs_again(hf_model, tmp_path):
-    # The mutations file is a named pipe nobody writes: the command waits in open() for a
-    # writer, and the signal comes there.
+    # The mutations file is a named pipe the test opens but never writes: the command waits in
+    # read(), and the signal comes there.
     mutations, out = tmp_path / "mutations.csv", tmp_path / "out" / "scores.csv"
     os.mkfifo(mutations)
     out.parent.mkdir()
     args = _score_command(hf_model[1], mutations, out)
     job = start_module(args, "advpt.score")
-    wait_until(job, lambda: holds_open(job, mutations), "reading its mutations")
+    writer_end = _reader_waits(job, mutations)
     stopped_as_promised(job, signal.SIGTERM)
+    os.close(writer_end)
     assert list(out.parent.iterdir()) == []
     mutations.unlink()
     write_csv(mutations, [{"mutant": "M1A"}])
@@ -369,7 +367,10 @@ def test_score_stopped_while_scoring_keeps_nothing_and_runs_again(hf_model, tmp_
     args = _score_command(hf_model[1], mutations, out)
     job = start_module(args, "advpt.score")
     rows = [{"mutant": f"{letter}{i + 1}A"} for i, letter in enumerate(LONG_WILD_TYPE)]
-    _write_into_pipe(job, mutations, rows)
+    with os.fdopen(_reader_waits(job, mutations), "w", newline="") as handle:
+        writer = csv.DictWriter(handle, ["mutant"])
+        writer.writeheader()
+        writer.writerows(rows)
     wait_until(job, lambda: not holds_open(job, mutations), "scoring")
     stopped_as_promised(job, stop)
     assert list(out.parent.iterdir()) == []
