@@ -58,11 +58,16 @@ ANOTHER_RANK = "another rank ended the job (a collective lost its peer); its mes
 
 def rank() -> int:
     """This process's rank: its process group's, or before that exists the ``RANK`` the
-    launcher set (0 without a launcher). The one answer every printing decision uses."""
+    launcher set (0 without a launcher). The one answer every printing decision uses.
+
+    A ``RANK`` that is no rank of ``WORLD_SIZE`` (not a number, too large, no world) counts as
+    0: the error it causes is this process's own, and it must be printed."""
     dist = sys.modules.get("torch.distributed")  # not imported: no process group either
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank()
-    return int(os.environ.get("RANK", "0"))
+    given, world = (os.environ.get(key, "") for key in ("RANK", "WORLD_SIZE"))
+    numbers = all(v.isascii() and v.isdigit() and len(v) < 19 for v in (given, world))
+    return int(given) if numbers and int(given) < int(world) else 0
 
 
 DEBUG_HELP = "on an error, show its traceback, not only its one sentence"
@@ -93,23 +98,30 @@ def report(error: BaseException, code: int, debug: bool, this_rank_only: bool = 
     return code
 
 
-class Stopped(Exception):
-    """A stop signal ended a command that keeps none of its unfinished work."""
+class Stopped(BaseException):
+    """A stop signal ended a command that keeps none of its unfinished work.
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is: the signal may come inside any library's
+    ``except Exception`` (tqdm's, starting its monitor thread, swallowed it and went on)."""
 
     def __init__(self, signum: int):
         super().__init__(f"stopped by {signal.Signals(signum).name}; nothing was kept")
 
 
 @contextlib.contextmanager
-def stopping_on_signals() -> Iterator[None]:
-    """While entered, SIGTERM, SIGINT and SIGUSR1 raise :class:`Stopped`, so that the ``finally``
-    blocks of the work in progress remove what it had half-written before the process exits;
-    signals after the first are ignored, so that nothing interrupts that cleaning up."""
+def stopping_on_signals(interrupt_stops: bool = True) -> Iterator[None]:
+    """While entered, SIGTERM, SIGUSR1 and SIGINT raise :class:`Stopped` (exit 75), so that the
+    ``finally`` blocks of the work in progress remove what it had half-written before the
+    process exits; signals after the first are ignored, so that nothing interrupts that
+    cleaning up. Unless ``interrupt_stops``, SIGINT raises ``KeyboardInterrupt`` (exit 130), as
+    it does in training."""
     signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         for sig in signals:
             signal.signal(sig, signal.SIG_IGN)
+        if signum == signal.SIGINT and not interrupt_stops:
+            raise KeyboardInterrupt
         raise Stopped(signum)
 
     previous = {sig: signal.signal(sig, stop) for sig in signals}

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from advpt.command import command
+from advpt.command import command, stopping_on_signals
 from advpt.data.cache import open_data
 from advpt.data.prepared import ProteinDataset
 from advpt.errors import (
@@ -269,15 +269,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 @command
 def main(argv: list[str] | None = None) -> int:
-    """Exit code 0, or 2 with one sentence naming the bad input."""
+    """Exit code 0, 2 with one sentence naming the bad input, or 75 when stopped by SIGTERM or
+    SIGUSR1 (130: SIGINT), leaving nothing half-written in --out or the data cache."""
     args = build_parser().parse_args(argv)
     out = Path(args.out)
-    device = start_run(args)
-    dataset = open_data(args.input, args.data_cache, args.unknown_to_unk)
-    encoder = encoder_of(load_for_inference(args.model, device))
-    layers = resolve_layers(args.layers, encoder.cfg.num_layers)
-    with npz_output(out) as parts:
-        embed_dataset(encoder, dataset, parts, layers, args.per_residue, args.tokens_per_batch)
+    with stopping_on_signals(interrupt_stops=False):
+        device = start_run(args)
+        dataset = open_data(args.input, args.data_cache, args.unknown_to_unk)
+        encoder = encoder_of(load_for_inference(args.model, device))
+        layers = resolve_layers(args.layers, encoder.cfg.num_layers)
+        with npz_output(out) as parts:
+            embed_dataset(encoder, dataset, parts, layers, args.per_residue, args.tokens_per_batch)
     width = encoder.cfg.hidden_size
     print(f"embedded {len(dataset):,} sequences ({width} dimensions) to {out}")
     return 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,7 +102,10 @@ def pad(rows: list[np.ndarray], pad_id: int, device: torch.device) -> tuple[torc
 
 
 def refuse_existing(path: Path, overwrite: bool) -> None:
-    """An ``OutputError`` if ``path`` exists and may not be replaced (or is no file)."""
+    """An ``OutputError`` if ``path`` exists and may not be replaced (or is no file, or a
+    link: whatever it points at is not advpt's to replace)."""
+    if path.is_symlink():
+        raise OutputError(f"--out {path} is a symbolic link; name the file itself or another one")
     if path.is_dir():
         raise OutputError(f"--out {path} is a directory; name the file to write")
     if path.exists() and not overwrite:
@@ -112,12 +115,16 @@ def refuse_existing(path: Path, overwrite: bool) -> None:
 @contextlib.contextmanager
 def atomic_output(path: Path) -> Iterator[Path]:
     """A temporary file beside ``path`` to write; moved onto ``path`` (mode 0644) when the block
-    ends without an error, deleted when it raises: a reader never sees half a result."""
+    ends without an error, deleted when it raises: a reader never sees half a result.
+
+    Its name is random and known before the file is made, inside the ``try``, so that a stop
+    signal at any moment leaves nothing behind; it is made anew (``O_EXCL``), never through a
+    link someone put there."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(handle)
-    staging = Path(name)
+    staging = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(8)}.tmp")
     try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        os.close(os.open(staging, flags, 0o600))
         yield staging
         os.chmod(staging, 0o644)
         os.replace(staging, path)

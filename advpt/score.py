@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from advpt.command import command
+from advpt.command import command, stopping_on_signals
 from advpt.correlation import spearman
 from advpt.errors import (
     ConfigError,
@@ -292,16 +292,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 @command
 def main(argv: list[str] | None = None) -> int:
-    """Exit code 0, or 2 with one sentence naming the bad input."""
+    """Exit code 0, 2 with one sentence naming the bad input, or 75 when stopped by SIGTERM or
+    SIGUSR1 (130: SIGINT), leaving nothing half-written in --out."""
     args = build_parser().parse_args(argv)
     out, mutations = Path(args.out), Path(args.mutations)
-    device = start_run(args)
-    sequence = check_sequence(args.sequence)
-    table = read_variants(mutations, sequence)
-    dms = measured(table, mutations)
-    model = load_for_inference(args.model, device, need_head=True)
-    scores = score_variants(model, sequence, table.variants, args.method, args.tokens_per_batch)
-    write_scores(table, scores, out)
+    with stopping_on_signals(interrupt_stops=False):
+        device = start_run(args)
+        sequence = check_sequence(args.sequence)
+        table = read_variants(mutations, sequence)
+        dms = measured(table, mutations)
+        model = load_for_inference(args.model, device, need_head=True)
+        scores = score_variants(model, sequence, table.variants, args.method, args.tokens_per_batch)
+        write_scores(table, scores, out)
     print(f"scored {len(scores):,} variants ({args.method}) to {out}")
     if dms is not None:
         print(f"Spearman's rho against {MEASURED_COLUMN}: {spearman(scores, dms):.4f}")

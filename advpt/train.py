@@ -59,6 +59,15 @@ def _check_run_dir(config: TrainConfig) -> None:
     run_dir = Path(config.run.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run_dir {run_dir} is a file, not a directory")
+    if run_dir.is_dir():
+        # A link to a file, or a dangling one, would have the run's files written through it
+        # (a link to a directory, such as checkpoints on another disk, is the user's choice).
+        link = next((p for p in run_dir.iterdir() if p.is_symlink() and not p.is_dir()), None)
+        if link is not None:
+            raise ConfigError(
+                f"run directory {run_dir} holds {link.name}, a symbolic link to a file; advpt "
+                "writes no file through a link: remove it"
+            )
     if (run_dir / "checkpoints" / "latest").exists() and not config.run.resume:
         raise ConfigError(
             f"run directory {run_dir} already holds a run; pass --resume to continue it or "

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -179,3 +182,41 @@ def save_tiny_esm(path: Path, seed: int = 0, **config_changes):
             inv_freq.copy_(inv_freq.half().float())
     model.save_pretrained(path)
     return model
+
+
+def start_module(args: list[str], module: str) -> subprocess.Popen:
+    """``python -m MODULE ARGS`` started (not waited for) as a fresh single CPU process."""
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def wait_until(job: subprocess.Popen, condition, what: str, timeout: float = 300) -> None:
+    """Wait until ``condition()`` holds while ``job`` still runs; ``what`` names the moment."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert job.poll() is None, f"ended before {what}:\n{job.stderr.read()[-3000:]}"
+        assert time.monotonic() < deadline, f"never reached {what}"
+        time.sleep(0.02)
+
+
+def holds_open(job: subprocess.Popen, path: Path) -> bool:
+    """Whether process ``job`` has ``path`` open now (Linux: its ``/proc/PID/fd`` links)."""
+    links = []
+    for fd in Path(f"/proc/{job.pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed meanwhile
+            links.append(os.readlink(fd))
+    return str(path) in links
+
+
+def stopped_as_promised(job: subprocess.Popen, stop: signal.Signals) -> None:
+    """``job``, sent ``stop``, ends as a stop signal promises: 75 and one sentence (SIGINT: 130,
+    interrupted), no traceback."""
+    job.send_signal(stop)
+    _, err = job.communicate(timeout=120)
+    interrupted = stop == signal.SIGINT
+    assert job.returncode == (130 if interrupted else 75), err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    said = "interrupted" if interrupted else f"stopped by {stop.name}; nothing was kept"
+    assert err.strip().splitlines()[-1] == f"advpt: error: {said}"

@@ -2,6 +2,7 @@
 jobs of two processes, and the shipped Slurm scripts."""
 
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -162,6 +163,17 @@ def test_mpirun_needs_master_addr_unless_every_rank_is_local():
         ({**TORCHRUN, "MASTER_PORT": None}, "WORLD_SIZE=8 but MASTER_PORT is not"),
         ({**TORCHRUN, "RANK": "x"}, "RANK='x' is not a whole number"),
         ({**TORCHRUN, "WORLD_SIZE": "0"}, "WORLD_SIZE=0"),
+        ({**TORCHRUN, "RANK": "-1"}, "RANK='-1' is not a whole number"),
+        ({**TORCHRUN, "RANK": "\u00b2"}, "RANK='\u00b2' is not a whole number"),  # isdigit()
+        ({**TORCHRUN, "LOCAL_RANK": "1.5"}, "LOCAL_RANK='1.5' is not a whole number"),
+        ({**TORCHRUN, "WORLD_SIZE": "9" * 5000}, "WORLD_SIZE='999.* is above 2147483647"),
+        ({**TORCHRUN, "MASTER_PORT": "70000"}, "MASTER_PORT=70000 is not a TCP port"),
+        ({**TORCHRUN, "MASTER_PORT": "0"}, "MASTER_PORT=0 is not a TCP port"),
+        ({"MASTER_PORT": "http"}, "MASTER_PORT='http' is not a whole number"),
+        ({**SRUN, "SLURM_JOB_ID": "nan"}, "SLURM_JOB_ID='nan' is not a whole number"),
+        ({**SRUN, "SLURM_STEP_NUM_TASKS": "inf"}, "SLURM_STEP_NUM_TASKS='inf' is not a whole"),
+        ({**MPIRUN, "OMPI_COMM_WORLD_SIZE": "-4"}, "SIZE='-4' is not a whole number"),
+        ({**MPIRUN, "OMPI_COMM_WORLD_LOCAL_SIZE": "x"}, "LOCAL_SIZE='x' is not a whole number"),
     ],
 )
 def test_several_tasks_that_cannot_be_placed_are_one_sentence(env, says):
@@ -255,6 +267,52 @@ def test_an_incomplete_srun_environment_is_refused_before_anything_is_written(tm
         "SLURM_PROCID and SLURM_LOCALID are not: cannot tell this process's place in the job"
     ]
     assert "Traceback" not in result.stderr
+    assert not run_dir.exists()
+
+
+# Launch variables a broken cluster or a stale shell leaves, and the sentence (a pattern) each
+# ends in.
+HOSTILE_ENVIRONMENTS = {
+    "rank not a number": (
+        dict(RANK="abc", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1"),
+        "environment variable RANK='abc' is not a whole number",
+    ),
+    "rank of no world": (  # rank 1 must print it: it is its own error
+        dict(RANK="1", WORLD_SIZE="1"),
+        "environment variable RANK=1 is not a rank of a world of 1",
+    ),
+    "rank without a world": (
+        dict(RANK="1"),
+        "RANK is set but WORLD_SIZE is not: cannot tell this process's place in the job",
+    ),
+    "port past 65535": (
+        dict(MASTER_PORT="70000"),
+        r"environment variable MASTER_PORT=70000 is not a TCP port \(1-65535\)",
+    ),
+    "stale host": (  # torch would retry it for 30 minutes, deaf to SIGTERM
+        dict(MASTER_ADDR="stale-node.invalid", ADVPT_RENDEZVOUS_TIMEOUT="20"),
+        "environment variable MASTER_ADDR='stale-node.invalid' (does not resolve|did not resolve "
+        "within 20 s)",
+    ),
+    "timeout not a number": (
+        dict(ADVPT_RENDEZVOUS_TIMEOUT="nan"),
+        "environment variable ADVPT_RENDEZVOUS_TIMEOUT='nan' is not a positive number of seconds",
+    ),
+}
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("case", sorted(HOSTILE_ENVIRONMENTS))
+def test_hostile_launch_variables_are_one_sentence_before_anything_is_written(tmp_path, case):
+    variables, says = HOSTILE_ENVIRONMENTS[case]
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "advpt.train", *short_run(tmp_path, run_dir, world=1)],
+        cwd=REPO, env=job_env(**variables), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-4000:]
+    assert "Traceback" not in result.stderr, result.stderr[-4000:]
+    assert re.fullmatch(f"advpt: error: {says}.*", result.stderr.strip().splitlines()[-1])
     assert not run_dir.exists()
 
 

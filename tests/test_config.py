@@ -99,8 +99,8 @@ def test_the_choices_of_a_flag_are_those_of_the_code_that_implements_them():
 @pytest.mark.parametrize(
     "content, message",
     [
-        ("max_steps: yes\n", "'max_steps' must be an integer, got True"),
-        ("run: {seed: 1.5}\n", "'seed' must be an integer, got 1.5"),
+        ("max_steps: yes\n", "'max_steps' must be a 64-bit integer, got True"),
+        ("run: {seed: 1.5}\n", "'seed' must be a 64-bit integer, got 1.5"),
         ("resume: 1\n", "'resume' must be true or false, got 1"),
         ("mode: [random]\n", "'mode' must be adversarial | random"),
         ("max_lenght: 3\n", "unknown setting 'max_lenght' \\(did you mean 'max_length'\\?\\)"),
@@ -128,7 +128,8 @@ def test_a_yaml_alias_bomb_is_refused_in_a_short_sentence(tmp_path):
         anchors.append(f"&l{level} [" + ", ".join([f"*l{level - 1}"] * 9) + "]")
     run_file = tmp_path / "bomb.yaml"
     run_file.write_text(f"max_steps: [{', '.join(anchors)}]\n")
-    with pytest.raises(ConfigError, match="'max_steps' must be an integer, got \\[\\[") as caught:
+    message = "'max_steps' must be a 64-bit integer, got \\[\\["
+    with pytest.raises(ConfigError, match=message) as caught:
         parse(TrainConfig, ["--config", str(run_file)])
     assert len(str(caught.value)) < 250
 
@@ -239,7 +240,7 @@ def test_a_section_key_must_hold_a_mapping(tmp_path):
         (TrainConfig(model=ModelConfig(encoder="huge")), "setting 'encoder' must be tape-base"),
         (
             TrainConfig(model=ModelConfig(activation_checkpointing="2")),
-            "setting 'activation_checkpointing' must be an integer, got '2'",
+            "setting 'activation_checkpointing' must be a 64-bit integer, got '2'",
         ),
         (TrainConfig(deepspeed_config=None), "TrainConfig: setting 'deepspeed_config' must be a"),
         (TrainConfig(method=MethodConfig(noiser_start_at=1.0)), "noiser_start_at must be in"),
@@ -249,3 +250,48 @@ def test_a_section_key_must_hold_a_mapping(tmp_path):
 def test_a_config_built_in_code_is_held_to_its_declared_types_and_rules(config, message):
     with pytest.raises(ConfigError, match=message):
         config.validate()
+
+
+def _numeric_settings(section: type) -> list[tuple[str, type]]:
+    """(name, int or float) of every numeric setting of ``section`` and its sections."""
+    found = []
+    for name, kind in typing.get_type_hints(section).items():
+        if dataclasses.is_dataclass(kind):
+            found += _numeric_settings(kind)
+            continue
+        inner = [k for k in typing.get_args(kind) if k is not type(None)] or [kind]
+        if inner[0] in (int, float) and len(inner) == 1:
+            found.append((name, inner[0]))
+    return found
+
+
+NOT_FINITE = ["nan", "-nan", "inf", "-inf", "1e400"]
+PAST_64_BITS = ["9" * 30, "-" + "9" * 30]
+
+
+@pytest.mark.parametrize("root", [TrainConfig, FinetuneConfig])
+def test_no_numeric_setting_takes_a_non_finite_or_past_64_bit_value(root, capsys):
+    settings = _numeric_settings(root)
+    assert ("lr", float) in settings and ("seed", int) in settings
+    for name, kind in settings:
+        for value in NOT_FINITE + (PAST_64_BITS if kind is int else []):
+            with pytest.raises((ConfigError, SystemExit)) as refused:
+                parse(root, [f"--{name}={value}"])
+            if refused.type is ConfigError:
+                assert f"'{name}' must be a" in str(refused.value)
+            else:  # argparse: not an integer at all
+                assert refused.value.code == 2
+                assert f"argument --{name}: invalid int value" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-1e-3"])
+def test_an_infinite_or_non_positive_learning_rate_is_refused(value):
+    with pytest.raises(ConfigError, match=r"'lr' must be a finite number|lr must be positive"):
+        parse(TrainConfig, [f"--lr={value}"])
+    assert parse(TrainConfig, ["--lr", "1e-30"]).lr == 1e-30  # tiny, but a learning rate
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**32)])
+def test_a_seed_outside_32_bits_is_refused(seed):
+    with pytest.raises(ConfigError, match=r"seed must be in \[0, 2\*\*32\)"):
+        parse(TrainConfig, [f"--seed={seed}"])

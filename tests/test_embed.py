@@ -3,6 +3,9 @@ states, in input order whatever the batching, and on bad input."""
 
 from __future__ import annotations
 
+import os
+import signal
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +13,13 @@ import torch
 from advpt.embed import length_batches, main
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.tape import save_tape
-from tests.helpers import save_tiny_esm
+from tests.helpers import (
+    run_module,
+    save_tiny_esm,
+    start_module,
+    stopped_as_promised,
+    wait_until,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -146,3 +155,62 @@ def test_length_batches_keep_to_the_token_budget():
     # a batch stops only where the next record would break the budget
     for batch, following in zip(batches[:-1], batches[1:], strict=True):
         assert (len(batch) + 1) * lengths[following[0]] > 1000
+
+
+# ----------------------------------------------------------------------------- stop signals
+
+
+def _embed_command(model_dir, source, tmp_path) -> list[str]:
+    """Arguments embedding ``source`` into ``tmp_path/out/emb.npz``, one record per batch, with
+    the data cache ``tmp_path/cache``."""
+    out, cache = tmp_path / "out" / "emb.npz", tmp_path / "cache"
+    return [str(model_dir), str(source), "--out", str(out), "--data_cache", str(cache),
+            "--device", "cpu", "--tokens_per_batch", "80"]  # fmt: skip
+
+
+def _nothing_half_written(tmp_path) -> None:
+    """No output, no staging file beside it, no temporary entry in the cache."""
+    assert list((tmp_path / "out").iterdir()) == []
+    cache = tmp_path / "cache"
+    assert not cache.exists() or [p.name for p in cache.iterdir() if p.name.startswith(".")] == []
+
+
+def _embedded_afterwards(args: list[str], tmp_path, records: int) -> None:
+    """The same command, run again, succeeds."""
+    done = run_module(args, module="advpt.embed")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert np.load(tmp_path / "out" / "emb.npz")["mean"].shape[0] == records
+
+
+@pytest.mark.process
+def test_embed_stopped_while_preparing_its_input_keeps_nothing_and_runs_again(hf_model, tmp_path):
+    # The input is a named pipe nobody writes: the preparation, its temporary directory in the
+    # cache made, waits in open() for a writer, and the signal comes there.
+    source = tmp_path / "in.fasta"
+    os.mkfifo(source)
+    (tmp_path / "out").mkdir()
+    args = _embed_command(hf_model[1], source, tmp_path)
+    job = start_module(args, "advpt.embed")
+    preparing = lambda: list((tmp_path / "cache").glob(".*.tmp-*"))  # noqa: E731
+    wait_until(job, preparing, "the preparation of its input")
+    stopped_as_promised(job, signal.SIGTERM)
+    _nothing_half_written(tmp_path)
+    assert list((tmp_path / "cache").iterdir()) == []
+    source.unlink()
+    write_fasta(source, RECORDS)
+    _embedded_afterwards(args, tmp_path, len(RECORDS))
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("stop", [signal.SIGUSR1, signal.SIGINT])
+def test_embed_stopped_while_embedding_keeps_nothing_and_runs_again(hf_model, tmp_path, stop):
+    # Thousands of one-record batches: the embedding lasts seconds after its staging folder
+    # beside --out appears, and the signal comes then.
+    many = {f"r{i}": RECORDS["long"] for i in range(4000)}
+    args = _embed_command(hf_model[1], write_fasta(tmp_path / "in.fasta", many), tmp_path)
+    (tmp_path / "out").mkdir()
+    job = start_module(args, "advpt.embed")
+    wait_until(job, lambda: list((tmp_path / "out").glob(".emb.npz.*")), "the embedding")
+    stopped_as_promised(job, stop)
+    _nothing_half_written(tmp_path)
+    _embedded_afterwards(args, tmp_path, len(many))

@@ -63,9 +63,28 @@ def test_unset_max_time_is_no_limit_or_slurm_job_end_time(monkeypatch):
     assert job_deadline(None) == 1795000000
     started = psutil.Process().create_time()
     assert job_deadline(60) == started + 60  # --max_time wins, counted from the process start
-    monkeypatch.setenv("SLURM_JOB_END_TIME", "tomorrow")
-    with pytest.raises(ConfigError, match="SLURM_JOB_END_TIME='tomorrow' is not a Unix time"):
-        job_deadline(None)
+    for not_a_time in ("tomorrow", "NaN", "-nan", ""):
+        monkeypatch.setenv("SLURM_JOB_END_TIME", not_a_time)
+        if not_a_time:
+            with pytest.raises(ConfigError, match=f"SLURM_JOB_END_TIME='{not_a_time}' is not a"):
+                job_deadline(None)
+        else:
+            assert job_deadline(None) is None
+
+
+@pytest.mark.parametrize("end", ["1e300", "inf", "9" * 400, "1e13"])
+def test_a_deadline_past_the_platforms_clock_is_no_limit_and_says_so(monkeypatch, end):
+    # Past time_t (OverflowError), past the year 9999 (OSError EOVERFLOW), or infinite: no
+    # clock reaches it, so the run has no limit, and tells.
+    monkeypatch.setenv("SLURM_JOB_END_TIME", end)
+    for deadline in (job_deadline(None), job_deadline(float(end))):
+        clock = WallClock(deadline, parameters=10**6)
+        assert clock.describe() == (
+            "no wall-clock limit: the one given (--max_time or SLURM_JOB_END_TIME) lies past "
+            "the year 9999"
+        )
+        assert not clock.out_of_time(save_due=True)
+    assert WallClock(time.time() - 10, parameters=0).out_of_time(save_due=False)  # merely past
 
 
 def test_the_margin_covers_the_longest_step_and_save_measured():
@@ -170,3 +189,30 @@ def test_a_run_out_of_time_saves_exits_75_and_resumes_exactly(tmp_path, uninterr
     resumed = run_module([*args, "--resume"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert deterministic(read_metrics(parts)) == expected
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("limit", "ends"),
+    [
+        (["--max_time", "9" * 25], 0),  # past time_t: trains without a limit, and says so
+        (["SLURM_JOB_END_TIME=NaN"], 2),  # one sentence, nothing written
+    ],
+)
+def test_wall_clock_values_past_the_platform_or_not_numbers_end_as_promised(tmp_path, limit, ends):
+    run_dir = tmp_path / "run"
+    args = [*tiny_run_args(tmp_path, run_dir), *SCHEDULE[:1], "2", *SCHEDULE[2:]]
+    flags = [item for item in limit if "=" not in item]
+    env = dict(item.split("=", 1) for item in limit if "=" in item)
+    done = _run([*args, *flags], **env)
+    assert done.returncode == ends, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    if ends == 0:
+        assert "no wall-clock limit: the one given" in done.stderr
+        assert read_metrics(run_dir)[-1]["encoder_step"] == 2
+    else:
+        assert done.stderr.strip().splitlines()[-1] == (
+            "advpt: error: SLURM_JOB_END_TIME='NaN' is not a Unix time in seconds; unset it or "
+            "give --max_time"
+        )
+        assert not run_dir.exists()

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from advpt.errors import ConfigError
+from advpt.train import main as train_main
 from advpt.training.run_lock import LOCK_FILE, RunDirLock, _is_still
 from tests.helpers import REPO, child_env, launcher_command, read_metrics, tiny_run_args
 
@@ -55,6 +56,91 @@ def test_a_lock_file_removed_or_replaced_is_not_the_one_the_path_names(tmp_path)
         assert not _is_still(file, path)
         path.write_text("")
         assert not _is_still(file, path)
+
+
+USER_BYTES = b"the user's own file\n"
+
+
+def _plant(kind: str, at: Path, target: Path) -> None:
+    """Put at ``at`` what a hostile user of a shared run directory could: a link to ``target``
+    or a named pipe."""
+    if kind == "symlink":
+        os.symlink(target, at)
+    elif kind == "hardlink":
+        os.link(target, at)
+    else:
+        os.mkfifo(at)
+
+
+@pytest.mark.parametrize(
+    ("kind", "says"),
+    [
+        ("symlink", "is a symbolic link; advpt writes no file through a link: remove it"),
+        ("hardlink", "is a second name of another file; advpt writes only its own: remove it"),
+        ("fifo", "is not a regular file; advpt writes only its own: remove it"),
+    ],
+)
+def test_a_lock_file_planted_as_a_link_is_refused_and_its_target_untouched(tmp_path, kind, says):
+    run_dir, user_file = tmp_path / "run", tmp_path / "notes.txt"
+    run_dir.mkdir()
+    user_file.write_bytes(USER_BYTES)
+    _plant(kind, run_dir / LOCK_FILE, user_file)
+    with RunDirLock() as lock, pytest.raises(ConfigError) as refused:
+        lock.hold(run_dir)
+    assert str(refused.value) == f"lock file {run_dir / LOCK_FILE} {says}"
+    assert user_file.read_bytes() == USER_BYTES
+
+
+@pytest.mark.process
+def test_a_run_whose_lock_links_to_a_user_file_is_refused_and_the_file_kept(tmp_path):
+    run_dir, user_file = tmp_path / "run", tmp_path / "thesis.tex"
+    run_dir.mkdir()
+    user_file.write_bytes(USER_BYTES)
+    os.symlink(user_file, run_dir / LOCK_FILE)
+    job = _train([*tiny_run_args(tmp_path, run_dir), *SHORT])
+    output, _ = job.communicate(timeout=300)
+    assert job.returncode == 2 and "Traceback" not in output, output[-3000:]
+    assert output.strip().splitlines()[-1] == (
+        f"advpt: error: lock file {run_dir / LOCK_FILE} is a symbolic link; advpt writes no file "
+        "through a link: remove it"
+    )
+    assert user_file.read_bytes() == USER_BYTES
+    assert [p.name for p in run_dir.iterdir()] == [LOCK_FILE]
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "config.json", "metrics.csv"])
+def test_a_run_file_planted_as_a_link_is_refused_and_its_target_untouched(
+    tmp_path, distributed, capsys, name
+):
+    run_dir, user_file = tmp_path / "run", tmp_path / "data.csv"
+    run_dir.mkdir()
+    user_file.write_bytes(USER_BYTES)
+    os.symlink(user_file, run_dir / name)
+    os.symlink(tmp_path, run_dir / "elsewhere")  # a link to a directory is the user's choice
+    assert train_main([*tiny_run_args(tmp_path, run_dir), *SHORT]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"advpt: error: run directory {run_dir} holds {name}, a symbolic link to a file; advpt "
+        "writes no file through a link: remove it"
+    )
+    assert user_file.read_bytes() == USER_BYTES
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(["elsewhere", name])
+
+
+@pytest.mark.parametrize(
+    "record",
+    [b"not json{", b"[" * 100_000, b"\xff\xfe\x00", b"null", b'{"pid": 1}',
+     b'{"pid": true, "host": [], "started": 1}', b"{}" + b" " * 10_000_000],
+)  # fmt: skip
+def test_a_held_lock_with_an_unreadable_holder_record_is_refused_naming_another_process(
+    tmp_path, record
+):
+    run_dir = tmp_path / "run"
+    with RunDirLock() as first:
+        first.hold(run_dir)
+        (run_dir / LOCK_FILE).write_bytes(record)  # the same file, which the first still locks
+        with RunDirLock() as second, pytest.raises(ConfigError) as refused:
+            second.hold(run_dir)
+    assert str(refused.value).startswith(f"run directory {run_dir} is in use: another process ")
 
 
 def _start(command: list[str]) -> subprocess.Popen:

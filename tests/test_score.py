@@ -3,9 +3,12 @@ model trained to a known answer, and on bad input."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import math
+import os
+import signal
 import subprocess
 import sys
 
@@ -18,7 +21,16 @@ from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.exports import save_export
 from advpt.models.tape import save_tape
 from advpt.score import main
-from tests.helpers import REPO, child_env, save_tiny_esm
+from tests.helpers import (
+    REPO,
+    child_env,
+    holds_open,
+    run_module,
+    save_tiny_esm,
+    start_module,
+    stopped_as_promised,
+    wait_until,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -279,3 +291,78 @@ def test_bad_sequences_models_and_outputs(hf_model, tmp_path, capsys):
     expected = reference_scores(hf, WILD_TYPE, ["M1A"], masked=True)[0]
     assert float(read_csv(out)[0]["score"]) == pytest.approx(expected, abs=1e-5)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv", "scores.csv", "tape"]
+
+
+# ----------------------------------------------------------------------------- stop signals
+
+LONG_WILD_TYPE = (WILD_TYPE * 25)[:1000]  # every site scored by its own forward pass: seconds
+
+
+def _score_command(model_dir, mutations, out) -> list[str]:
+    return [str(model_dir), "--sequence", LONG_WILD_TYPE, "--mutations", str(mutations),
+            "--out", str(out), "--device", "cpu", "--tokens_per_batch", "1002"]  # fmt: skip
+
+
+def _reader_waits(job, pipe) -> int:
+    """Once ``job`` opens the named ``pipe`` to read, this end to write it (blocking); until
+    something is written there, ``job`` waits in ``read()``."""
+    writer_end: list[int] = []
+
+    def opened() -> bool:
+        with contextlib.suppress(OSError):  # ENXIO: no reader yet
+            writer_end.append(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
+        return bool(writer_end)
+
+    wait_until(job, opened, "reading its mutations")
+    os.set_blocking(writer_end[0], True)
+    return writer_end[0]
+
+
+def _scored_afterwards(args: list[str], out, variants: int) -> None:
+    """The same command, run again, succeeds; nothing but its output is beside it."""
+    done = run_module(args, module="advpt.score")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(read_csv(out)) == variants
+    assert [p.name for p in out.parent.iterdir()] == [out.name]
+
+
+@pytest.mark.process
+def test_score_stopped_while_reading_its_mutations_keeps_nothing_and_runs_again(hf_model, tmp_path):
+    # The mutations file is a named pipe the test opens but never writes: the command waits in
+    # read(), and the signal comes there.
+    mutations, out = tmp_path / "mutations.csv", tmp_path / "out" / "scores.csv"
+    os.mkfifo(mutations)
+    out.parent.mkdir()
+    args = _score_command(hf_model[1], mutations, out)
+    job = start_module(args, "advpt.score")
+    writer_end = _reader_waits(job, mutations)
+    stopped_as_promised(job, signal.SIGTERM)
+    os.close(writer_end)
+    assert list(out.parent.iterdir()) == []
+    mutations.unlink()
+    write_csv(mutations, [{"mutant": "M1A"}])
+    _scored_afterwards(args, out, 1)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("stop", [signal.SIGUSR1, signal.SIGINT])
+def test_score_stopped_while_scoring_keeps_nothing_and_runs_again(hf_model, tmp_path, stop):
+    # A thousand sites, one forward pass each: once the mutations file is read and closed, the
+    # command loads the model and scores for seconds, and the signal comes then.
+    # (The file is a named pipe the test writes: it knows when the command has read it all.)
+    mutations, out = tmp_path / "mutations.csv", tmp_path / "out" / "scores.csv"
+    os.mkfifo(mutations)
+    out.parent.mkdir()
+    args = _score_command(hf_model[1], mutations, out)
+    job = start_module(args, "advpt.score")
+    rows = [{"mutant": f"{letter}{i + 1}A"} for i, letter in enumerate(LONG_WILD_TYPE)]
+    with os.fdopen(_reader_waits(job, mutations), "w", newline="") as handle:
+        writer = csv.DictWriter(handle, ["mutant"])
+        writer.writeheader()
+        writer.writerows(rows)
+    wait_until(job, lambda: not holds_open(job, mutations), "scoring")
+    stopped_as_promised(job, stop)
+    assert list(out.parent.iterdir()) == []
+    mutations.unlink()
+    write_csv(mutations, rows)
+    _scored_afterwards(args, out, len(rows))

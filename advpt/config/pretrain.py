@@ -310,6 +310,7 @@ class RunConfig(Section):
         return [
             (not unknown[0], f"--tracker {self.tracker!r}: unknown tracker {unknown[0]!r}; choose "
              f"from {', '.join(TRACKERS)} (several joined by commas) or none"),
+            (0 <= self.seed < 2**32, "seed must be in [0, 2**32)"),
             (self.log_every > 0, "log_every must be positive"),
             (self.eval_every >= 0, "eval_every must be >= 0"),
             (self.checkpoint_every > 0, "checkpoint_every must be positive"),

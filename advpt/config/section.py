@@ -13,6 +13,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import sys
 import textwrap
 import types
 import typing
@@ -85,9 +86,8 @@ def _describe(kind: Any) -> str:
     if get_origin(kind) is Literal:
         text = " | ".join(str(a) for a in get_args(kind))
     else:
-        text = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
-            kind, str(kind)
-        )
+        names = {bool: "true or false", int: "a 64-bit integer", float: "a finite number"}
+        text = {**names, str: "a string"}.get(kind, str(kind))
     return f"{text} or unset" if optional else text
 
 
@@ -102,11 +102,12 @@ def checked(name: str, value: Any, kind: Any, source: str) -> Any:
         return None
     if get_origin(inner) is Literal:
         ok = isinstance(value, str) and value in get_args(inner)
-    elif inner is float:
+    elif inner is float:  # finite: no setting means anything by NaN or infinity
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = ok and abs(value) <= sys.float_info.max  # not NaN, infinite or past a float
         value = float(value) if ok else value
-    elif inner is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif inner is int:  # 64 bits: what numpy and torch hold
+        ok = isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
     else:
         ok = isinstance(value, inner)
     if not ok:

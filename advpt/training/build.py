@@ -31,7 +31,7 @@ from advpt.tokenizer import Vocabulary
 from advpt.training import ranks
 from advpt.training.consolidate import load_model
 from advpt.training.engines import build_engine, load_ds_config
-from advpt.training.launch import discover, free_port
+from advpt.training.launch import check_meeting_point, discover, free_port, rendezvous_timeout
 from advpt.training.preemption import StopSignals
 from advpt.training.schedule import noiser_lr_steps, random_only_steps
 from advpt.training.trackers import check_available
@@ -67,6 +67,7 @@ def init_distributed() -> torch.device:
     one sentence naming the launcher's ``--master_port`` (or ``MASTER_PORT``).
     """
     launch = discover(os.environ)
+    check_meeting_point(launch, rendezvous_timeout(os.environ))
     os.environ.update(launch.environ())
     accelerator = get_accelerator()
     backend = (

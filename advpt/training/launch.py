@@ -16,21 +16,31 @@ torch and DeepSpeed read, so DeepSpeed's own MPI discovery never runs. Without a
 (``python -m advpt.train``, also inside an ``sbatch`` or ``salloc`` shell, where Slurm sets
 ``SLURM_NTASKS`` but the shell is not a task of a job step) the run is one process. An
 environment that announces several tasks but does not say which one this is, or where the
-ranks meet, is a ``ConfigError``: never N runs of one rank each.
+ranks meet, is a ``ConfigError``: never N runs of one rank each. So is a value that is no
+whole number, a rank not below its world, a port outside 1-65535, and a meeting host that does
+not resolve within ``ADVPT_RENDEZVOUS_TIMEOUT`` seconds (:func:`check_meeting_point`, default
+30): such a job could only wait for a peer that never comes.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import re
 import socket
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from advpt.errors import ConfigError
+from advpt.errors import ConfigError, shorten
 
 MPI_DEFAULT_PORT = 29500
 """``mpirun`` gives no port: torch's (and DeepSpeed's MPI discovery's) default, unless set."""
+
+RENDEZVOUS_TIMEOUT_ENV = "ADVPT_RENDEZVOUS_TIMEOUT"
+DEFAULT_RENDEZVOUS_TIMEOUT_S = 30.0
+"""How long the meeting host's name may take to resolve before the start is refused."""
+_MAX_PROCESSES = 2**31 - 1  # torch keeps ranks and world sizes in C ints
 
 
 @dataclass(frozen=True)
@@ -96,7 +106,7 @@ def discover(env: Mapping[str, str]) -> Launch:
 
 def _one_process(launcher: str, env: Mapping[str, str]) -> Launch:
     """A world of one: it meets itself on this machine, on a free port unless one is given."""
-    port = _integer(env, "MASTER_PORT") if "MASTER_PORT" in env else free_port()
+    port = _port(env) if "MASTER_PORT" in env else free_port()
     return Launch(launcher, 0, 1, 0, 1, env.get("MASTER_ADDR", "127.0.0.1"), port)
 
 
@@ -126,7 +136,7 @@ def _from_torch(env: Mapping[str, str]) -> Launch:
         _integer(env, "LOCAL_RANK"),
         local_world,
         env["MASTER_ADDR"],
-        _integer(env, "MASTER_PORT"),
+        _port(env),
     )
 
 
@@ -166,7 +176,7 @@ def _from_srun(env: Mapping[str, str]) -> Launch:
                 f"{hosts_var}={env[hosts_var]!r} is not a Slurm host list: {exc}"
             ) from None
     if "MASTER_PORT" in env:
-        port = _integer(env, "MASTER_PORT")
+        port = _port(env)
     else:
         _require(env, ["SLURM_JOB_ID"], f"{context} and MASTER_PORT is not")
         port = slurm_port(_integer(env, "SLURM_JOB_ID"), _integer(env, "SLURM_STEP_ID"))
@@ -221,7 +231,7 @@ def _from_mpirun(env: Mapping[str, str]) -> Launch:
             f"{env.get('OMPI_COMM_WORLD_LOCAL_SIZE', 'unset')}) but MASTER_ADDR is not set: "
             "export the first node's address to every rank (mpirun -x MASTER_ADDR=...)"
         )
-    port = _integer(env, "MASTER_PORT") if "MASTER_PORT" in env else MPI_DEFAULT_PORT
+    port = _port(env) if "MASTER_PORT" in env else MPI_DEFAULT_PORT
     local_rank = _integer(env, "OMPI_COMM_WORLD_LOCAL_RANK")
     return Launch("mpirun", rank, world, local_rank, local_world, addr, port)
 
@@ -276,11 +286,21 @@ def _expand_ranges(group: str) -> list[str]:
     return numbers
 
 
-def _integer(env: Mapping[str, str], key: str) -> int:
-    value = env[key]
-    if not value.strip().isdigit():
-        raise ConfigError(f"environment variable {key}={value!r} is not a whole number")
+def _integer(env: Mapping[str, str], key: str, limit: int = 2**63 - 1) -> int:
+    """``env[key]`` as a whole number up to ``limit``, or a ``ConfigError`` naming it."""
+    value = env[key].strip()
+    if not re.fullmatch(r"[0-9]+", value):
+        raise ConfigError(f"environment variable {key}={shorten(value)} is not a whole number")
+    if len(value.lstrip("0")) > len(str(limit)) or int(value) > limit:
+        raise ConfigError(f"environment variable {key}={shorten(value)} is above {limit}")
     return int(value)
+
+
+def _port(env: Mapping[str, str]) -> int:
+    port = _integer(env, "MASTER_PORT")
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"environment variable MASTER_PORT={port} is not a TCP port (1-65535)")
+    return port
 
 
 def _require(env: Mapping[str, str], keys: list[str], context: str) -> None:
@@ -293,14 +313,56 @@ def _require(env: Mapping[str, str], keys: list[str], context: str) -> None:
 
 
 def _rank(env: Mapping[str, str], key: str, world: int) -> int:
-    rank = _integer(env, key)
+    rank = _integer(env, key, _MAX_PROCESSES)
     if rank >= world:
         raise ConfigError(f"environment variable {key}={rank} is not a rank of a world of {world}")
     return rank
 
 
 def _world(env: Mapping[str, str], key: str) -> int:
-    world = _integer(env, key)
+    world = _integer(env, key, _MAX_PROCESSES)
     if world == 0:
         raise ConfigError(f"environment variable {key}=0: a job has at least one process")
     return world
+
+
+def rendezvous_timeout(env: Mapping[str, str]) -> float:
+    """Seconds the meeting host may take to resolve: ``ADVPT_RENDEZVOUS_TIMEOUT``, default 30."""
+    text = env.get(RENDEZVOUS_TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_RENDEZVOUS_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigError(
+            f"environment variable {RENDEZVOUS_TIMEOUT_ENV}={text!r} is not a positive number of "
+            "seconds"
+        )
+    return seconds
+
+
+def check_meeting_point(launch: Launch, timeout: float) -> None:
+    """A ``ConfigError`` unless ``launch.master_addr`` resolves within ``timeout`` seconds.
+
+    torch would retry an unknown host for its whole rendezvous timeout (30 minutes), deaf to
+    stop signals meanwhile. The lookup runs in a daemon thread, so that a resolver that hangs
+    is not waited for either."""
+    failure = [f"did not resolve within {timeout:g} s ({RENDEZVOUS_TIMEOUT_ENV})"]
+
+    def resolve() -> None:
+        try:
+            socket.getaddrinfo(launch.master_addr, launch.master_port, type=socket.SOCK_STREAM)
+            failure.clear()
+        except (OSError, UnicodeError) as err:
+            failure[0] = f"does not resolve ({err.args[-1] if err.args else err})"
+
+    lookup = threading.Thread(target=resolve, name="advpt-resolve-master", daemon=True)
+    lookup.start()
+    lookup.join(timeout)
+    if failure:
+        raise ConfigError(
+            f"environment variable MASTER_ADDR={launch.master_addr!r} {failure[0]}: unset it or "
+            "give the address of the node where rank 0 runs"
+        )

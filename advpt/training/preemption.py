@@ -29,6 +29,7 @@ end the run before its step. They exit with the main process as usual.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -39,7 +40,7 @@ from typing import Any
 
 import psutil
 
-from advpt.errors import ConfigError
+from advpt.errors import ConfigError, shorten
 from advpt.training import ranks
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -82,18 +83,26 @@ class StopSignals:
 
 def job_deadline(max_seconds: float | None) -> float | None:
     """When this job must end (Unix time): ``max_seconds`` after this process started, else
-    ``SLURM_JOB_END_TIME`` if set, else None (no limit)."""
+    ``SLURM_JOB_END_TIME`` if set, else None (no limit). It may lie past :data:`LATEST` (even
+    be infinite), which :class:`WallClock` takes as no limit."""
     if max_seconds is not None:
         return psutil.Process().create_time() + max_seconds
     end = os.environ.get("SLURM_JOB_END_TIME", "")
     if not end:
         return None
     try:
-        return float(end)
+        deadline = float(end)
     except ValueError:
+        deadline = math.nan
+    if math.isnan(deadline):
         raise ConfigError(
-            f"SLURM_JOB_END_TIME={end!r} is not a Unix time in seconds; unset it or give --max_time"
-        ) from None
+            f"SLURM_JOB_END_TIME={shorten(end)} is not a Unix time in seconds; unset it or give "
+            "--max_time"
+        )
+    return deadline
+
+
+LATEST = 253402300799.0  # 9999-12-31 23:59:59 UTC: a deadline past it is no deadline
 
 
 class WallClock:
@@ -105,13 +114,19 @@ class WallClock:
     WRITE_BYTES_PER_S = 50e6  # a slow shared file system, until a save is measured
 
     def __init__(self, deadline: float | None, parameters: int) -> None:
-        self.deadline = deadline
+        self.unbounded = deadline is not None and deadline > LATEST  # given, but absurdly late
+        self.deadline = None if self.unbounded else deadline
         self.longest_step = 0.0
         self.longest_save = parameters * self.STATE_BYTES_PER_PARAMETER / self.WRITE_BYTES_PER_S
         self._save_measured = False
 
     def describe(self) -> str | None:
-        """One line saying when the run will stop, if it has a deadline."""
+        """One line saying when the run will stop, if it has a deadline or was given one."""
+        if self.unbounded:
+            return (
+                "no wall-clock limit: the one given (--max_time or SLURM_JOB_END_TIME) lies past "
+                "the year 9999"
+            )
         if self.deadline is None:
             return None
         end = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.deadline))

@@ -14,22 +14,29 @@ file, except on mounts with ``local_lock=flock``, ``local_lock=all`` or ``nolock
 never leaves the node (other clients differ). Two jobs on *different* nodes may then both take
 the lock: such a file system protects a run directory only against a second job on the same
 node.
+
+Anyone who can write the run directory can put a link at ``.lock``. The lock never writes
+through one: the file is opened with ``O_NOFOLLOW``, and a symbolic link, a second hard link
+(another name of someone's file) or anything but a regular file is refused in one sentence.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 from typing import IO
 
-from advpt.errors import ConfigError, cannot_write
+from advpt.errors import ConfigError, cannot_write, first_line
 
 LOCK_FILE = ".lock"
+HOLDER_BYTES = 4096  # more than any holder record: a larger file is no record of ours
 
 
 class RunDirLock:
@@ -65,7 +72,7 @@ class RunDirLock:
         while True:
             try:
                 run_dir.mkdir(parents=True, exist_ok=True)
-                file = open(path, "a+")  # noqa: SIM115 (kept open: the lock lasts as long as it)
+                file = _open_own_file(path)
             except OSError as err:
                 raise cannot_write(err, path) from None
             try:
@@ -87,6 +94,26 @@ class RunDirLock:
         self._file, self._created = file, run_dir if created else None
 
 
+def _open_own_file(path: Path) -> IO[str]:
+    """``path`` opened for reading and writing (created if missing), never through a link; a
+    ``ConfigError`` if it is a link or no regular file of its own."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as err:
+        if err.errno != errno.ELOOP:
+            raise
+        raise ConfigError(
+            f"lock file {path} is a symbolic link; advpt writes no file through a link: remove it"
+        ) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(fd)
+        kind = "a second name of another file" if info.st_nlink > 1 else "not a regular file"
+        raise ConfigError(f"lock file {path} is {kind}; advpt writes only its own: remove it")
+    return os.fdopen(fd, "r+")
+
+
 def _this_process() -> dict[str, object]:
     return {
         "host": socket.gethostname(),
@@ -104,12 +131,30 @@ def _is_still(file: IO[str], path: Path) -> bool:
 
 
 def _holder(file: IO[str]) -> str:
-    """Who holds the lock, as its file says. The holder writes it just after locking, so a
-    start at the same moment may find it still empty: it looks again for up to a second."""
+    """Who holds the lock, as its file says ("another process" if it says nothing readable).
+    The holder writes it just after locking, so a start at the same moment may find it still
+    empty: it looks again for up to a second."""
     for _ in range(20):
         file.seek(0)
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            info = json.loads(file.read())
-            return f"process {info['pid']} on host {info['host']} (started {info['started']})"
+        try:
+            text = file.read(HOLDER_BYTES)
+        except ValueError:  # not UTF-8
+            return "another process"
+        if text:
+            return _describe_holder(text)
         time.sleep(0.05)
     return "another process"
+
+
+def _describe_holder(text: str) -> str:
+    """``process PID on host HOST (started WHEN)`` from a holder record, if ``text`` is one."""
+    try:
+        info = json.loads(text)
+    except (ValueError, RecursionError):
+        return "another process"
+    fields = info if isinstance(info, dict) else {}
+    values = [fields.get(key) for key in ("pid", "host", "started")]
+    if not all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in values):
+        return "another process"
+    pid, host, started = (first_line(str(v), 60) for v in values)
+    return f"process {pid} on host {host} (started {started})"
