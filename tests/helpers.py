@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.tiers import starts_process, starts_ranks
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -108,6 +110,7 @@ def child_env() -> dict[str, str]:
     return env
 
 
+@starts_process
 def run_module(
     args: list[str], timeout: float = 600, module: str = "advpt.train"
 ) -> subprocess.CompletedProcess:
@@ -118,6 +121,7 @@ def run_module(
     )  # fmt: skip
 
 
+@starts_ranks
 def launcher_command(args: list[str], ranks: int = 2, script: str = "advpt/train.py") -> list[str]:
     """The deepspeed launcher running ``script ARGS`` as ``ranks`` CPU ranks."""
     launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent))
@@ -125,6 +129,7 @@ def launcher_command(args: list[str], ranks: int = 2, script: str = "advpt/train
     return [launcher, "--num_gpus", str(ranks), "--master_port", str(free_port()), script, *args]
 
 
+@starts_ranks
 def launch(
     args: list[str], ranks: int = 2, timeout: float = 600, cwd: Path = REPO
 ) -> subprocess.CompletedProcess:
