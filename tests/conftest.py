@@ -1,10 +1,11 @@
-"""Shared test set-up: DeepSpeed on the CPU with gloo, one process group per test session, and
-the test tiers (``tests/tiers.py``): marks found from each test's code, ``--fast`` and its limit."""
+"""Shared test set-up: DeepSpeed on the CPU with gloo, one process group and one finished tiny
+run per test session, and the test tiers (the plugin ``tests/tiers.py``)."""
 
 import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 # Raw --data inputs (the bundled proteome included) are prepared into a cache: one per test
@@ -15,39 +16,9 @@ atexit.register(shutil.rmtree, _CACHE, True)
 
 import pytest  # noqa: E402
 
-from tests import tiers  # noqa: E402
 from tests.helpers import free_port  # noqa: E402
 
-
-def pytest_addoption(parser):
-    parser.addoption(
-        "--fast",
-        action="store_true",
-        help=f"the fast tier: leave out tests marked {', '.join(tiers.SLOW_TIERS)} and fail any "
-        f"test whose set-up or call takes over {tiers.FAST_LIMIT_S:.0f} s",
-    )
-
-
-def pytest_collection_modifyitems(config, items):
-    """Mark each test with the tiers its code and fixtures reach; ``--fast`` keeps the rest."""
-    for item in items:
-        known = item.module.__dict__ | globals()
-        fixtures = [known.get(name) for name in item.fixturenames]
-        for mark in sorted(tiers.reached_marks([item.function, *fixtures])):
-            item.add_marker(mark)
-    if config.getoption("fast"):
-        fast = [item for item in items if not any(map(item.get_closest_marker, tiers.SLOW_TIERS))]
-        config.hook.pytest_deselected(items=[item for item in items if item not in fast])
-        items[:] = fast
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item, call):
-    report = yield
-    why = tiers.too_slow(report.duration, report.when) if report.passed else None
-    if item.config.getoption("fast") and report.when != "teardown" and why:
-        report.outcome, report.longrepr = "failed", why
-    return report
+pytest_plugins = ["pytester", "tests.tiers"]
 
 
 @pytest.fixture(scope="session")
@@ -74,3 +45,19 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def session_run(tmp_path_factory, distributed):
+    """One finished tiny run (two steps of random MLM, a checkpoint), trained once per session;
+    tests take a copy of it through ``finished_run``."""
+    from tests.helpers import pretrain_tiny
+
+    tmp = tmp_path_factory.mktemp("finished")
+    return pretrain_tiny(tmp, tmp / "run").run_dir
+
+
+@pytest.fixture
+def finished_run(session_run, tmp_path) -> Path:
+    """This test's own copy of the session's finished tiny run directory."""
+    return Path(shutil.copytree(session_run, tmp_path / "finished"))

@@ -36,7 +36,7 @@ from advpt.tasks import (
     task_spec,
 )
 from advpt.tokenizer import TAPE
-from tests.helpers import REPO, child_env, pretrain_tiny, read_metrics
+from tests.helpers import REPO, child_env, read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -363,8 +363,8 @@ def test_command_line_errors_are_one_line(tmp_path):
     assert done.stderr.strip().endswith("(see docs/finetune.md for the download)")
 
 
-def test_sweep_tabulates_two_encoders_and_reuses_finished_runs(tmp_path, distributed):
-    run = pretrain_tiny(tmp_path, tmp_path / "pretrain").run_dir
+def test_sweep_tabulates_two_encoders_and_reuses_finished_runs(tmp_path, finished_run):
+    run = finished_run
     data = write_task(tmp_path / "data", "fluorescence", "json")
     out = tmp_path / "sweep"
     command = [
