@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
 import json
 import os
 import shutil
@@ -9,6 +12,9 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
+
+import pytest
 
 from tests.tiers import starts_process, starts_ranks
 
@@ -110,6 +116,23 @@ def child_env() -> dict[str, str]:
     return env
 
 
+class Finished(NamedTuple):
+    """How a command run in this process ended: as much of a ``CompletedProcess`` as tests read."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_in_process(args: list[str], timeout: float = 600, module: str = "advpt.train") -> Finished:
+    """``python -m MODULE ARGS`` as its ``main`` in this process, for ``run_module``'s callers:
+    what a fresh process would exit with and print (``timeout`` is not enforced here)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = importlib.import_module(module).main(args)
+    return Finished(code, out.getvalue(), err.getvalue())
+
+
 @starts_process
 def run_module(
     args: list[str], timeout: float = 600, module: str = "advpt.train"
@@ -119,6 +142,13 @@ def run_module(
         [sys.executable, "-m", module, *args],
         cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
+
+
+# A test of a command's ending (its exit code, its one-sentence error) run both ways: in this
+# process for the fast tier, and in a fresh one, as users run it, for the process tier.
+IN_AND_OUT_OF_PROCESS = pytest.mark.parametrize(
+    "run", [run_in_process, run_module], ids=["in_process", "fresh_process"]
+)
 
 
 @starts_ranks

@@ -36,7 +36,7 @@ from advpt.tasks import (
     task_spec,
 )
 from advpt.tokenizer import TAPE
-from tests.helpers import REPO, child_env, read_metrics
+from tests.helpers import IN_AND_OUT_OF_PROCESS, REPO, child_env, read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -349,16 +349,17 @@ def test_same_seed_same_run_and_early_stopping(tmp_path, distributed):
     assert stopped["stopped_early"] and stopped["steps"] == 4 and stopped["best_step"] == 2
 
 
-def test_command_line_errors_are_one_line(tmp_path):
+@IN_AND_OUT_OF_PROCESS
+def test_command_line_errors_are_one_line(tmp_path, distributed, run):
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "results.json").write_text("{}")
     args = finetune_args(tmp_path / "data", "stability", taken)
-    done = fresh_process(sys.executable, "-m", "advpt.finetune", *args)
+    done = run(args, module="advpt.finetune")
     assert done.returncode == 2 and "already holds results" in done.stderr
 
     missing = finetune_args(tmp_path / "nowhere", "stability", tmp_path / "x")
-    done = fresh_process(sys.executable, "-m", "advpt.finetune", *missing)
+    done = run(missing, module="advpt.finetune")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().endswith("(see docs/finetune.md for the download)")
 

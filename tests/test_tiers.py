@@ -46,6 +46,10 @@ def test_fixture(trained):
 def test_launcher():
     launch([])
 
+@pytest.mark.parametrize("run", [len, run_module], ids=["here", "there"])
+def test_parametrized(run):
+    pass
+
 @pytest.mark.slow
 def test_marked_slow():
     pass
@@ -67,15 +71,21 @@ def test_process_and_multirank_are_marked_from_the_code(suite):
     marked = {m: {item.name for item in items if item.get_closest_marker(m)} for m in SLOW_TIERS}
     assert marked == {
         "slow": {"test_marked_slow"},
-        "process": {"test_helper", "test_subprocess_in_a_table", "test_fixture", "test_launcher"},
+        "process": {
+            "test_helper",
+            "test_subprocess_in_a_table",
+            "test_fixture",
+            "test_launcher",
+            "test_parametrized[there]",
+        },
         "multirank": {"test_launcher"},
     }
 
 
 def test_fast_runs_the_rest_and_fails_a_test_over_the_limit(suite):
     result = suite.runpytest("--fast", "--fast_limit", "0.25")
-    result.assert_outcomes(passed=1, failed=1, deselected=5)
+    result.assert_outcomes(passed=2, failed=1, deselected=6)
     result.stdout.fnmatch_lines(
         ["*test_suite.py::test_slow_but_unmarked took 0.* s, over the fast tier's 0.25 s*"]
     )
-    suite.runpytest("--fast").assert_outcomes(passed=2, deselected=5)
+    suite.runpytest("--fast").assert_outcomes(passed=3, deselected=6)

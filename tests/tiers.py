@@ -1,14 +1,14 @@
 """Test tiers, a pytest plugin (``tests/conftest.py`` loads it): marks found from each test's
 code, and ``--fast``.
 
-A test is marked ``process`` when its own code, the test helpers it calls or its fixtures reach
-``subprocess`` or a helper marked :func:`starts_process`, and ``multirank`` (as well) when they
-reach one marked :func:`starts_ranks` (the deepspeed launcher). The marks are read off the code
-at collection, so a new test that starts a process lands in its tier without a decorator to
-remember. ``--fast`` runs the tests marked none of ``slow``, ``process``, ``multirank``, and fails
-any of them whose call takes over ``--fast_limit`` seconds (set-up is not counted: fixtures
-shared by many tests, the process group and the finished run, are built in the set-up of the
-first test that needs them).
+A test is marked ``process`` when its own code, the test helpers it calls, its fixtures or its
+parameters reach ``subprocess`` or a helper marked :func:`starts_process`, and ``multirank`` (as
+well) when they reach one marked :func:`starts_ranks` (the deepspeed launcher). The marks are
+read off the code at collection, so a new test that starts a process lands in its tier without
+a decorator to remember. ``--fast`` runs the tests marked none of ``slow``, ``process`` and
+``multirank``, and fails any of them whose call takes over ``--fast_limit`` seconds (set-up is
+not counted: fixtures shared by many tests, the process group and the finished run, are built
+in the set-up of the first test that needs them).
 
 PYTEST_DONT_REWRITE: it holds no assertions, and the test helpers import it before pytest loads
 it as a plugin.
@@ -102,8 +102,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         places = [item.module.__dict__, *conftests]
         fixtures = [place[name] for name in item.fixturenames for place in places if name in place]
+        params = list(item.callspec.params.values()) if hasattr(item, "callspec") else []
         folders = {TESTS, item.path.parent}
-        for mark in sorted(reached_marks([item.function, *fixtures], folders)):
+        for mark in sorted(reached_marks([item.function, *fixtures, *params], folders)):
             item.add_marker(mark)
     if config.getoption("fast"):
         fast = [item for item in items if not any(map(item.get_closest_marker, SLOW_TIERS))]
