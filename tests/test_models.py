@@ -172,6 +172,7 @@ def test_context_only_noiser_cannot_see_the_residue_it_scores(bidirectional):
     torch.testing.assert_close(noiser(ids, lengths)[1:, :6], short, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("preset", "package"), [("tiny", "tape"), ("esm2_tiny", "transformers")])
 def test_speed_benchmark_compares_equal_models(tmp_path, preset, package):
     """scripts/bench_esm.py at a tiny size, against TAPE's and against transformers' model: both
