@@ -21,7 +21,7 @@ import torch
 
 from advpt.errors import CheckpointError
 from advpt.training import checkpoint
-from tests.helpers import REPO, build_tiny_trainer, child_env, run_module, tiny_run_args
+from tests.helpers import REPO, build_tiny_trainer, child_env, run_in_process, tiny_run_args
 
 MODEL_FILE = "mp_rank_00_model_states.pt"
 
@@ -166,7 +166,9 @@ def _limit_file_size(limit: int):
     return apply
 
 
-def test_disk_full_during_a_save_removes_it_and_keeps_the_previous_one(tmp_path, distributed):
+def test_disk_full_during_a_save_removes_it_and_keeps_the_previous_one(
+    tmp_path, distributed, one_thread
+):
     # ``distributed`` builds DeepSpeed's CPU collective op first: on a fresh machine the limited
     # child would otherwise JIT-compile it under the file-size limit and fail for that reason.
     run_dir = tmp_path / "run"
@@ -174,7 +176,7 @@ def test_disk_full_during_a_save_removes_it_and_keeps_the_previous_one(tmp_path,
         "--mode", "random", "--max_steps", "4", "--checkpoint_every", "2", "--num_workers", "0",
         "--val_max_batches", "1",
     ]  # fmt: skip
-    first = run_module(args + ["--stop_after_steps", "2"])
+    first = run_in_process(args + ["--stop_after_steps", "2"])
     assert first.returncode == 0, first.stderr[-2000:]
     checkpoints = run_dir / "checkpoints"
     model_size = (checkpoints / "encoder" / "step00000002" / MODEL_FILE).stat().st_size
@@ -191,12 +193,12 @@ def test_disk_full_during_a_save_removes_it_and_keeps_the_previous_one(tmp_path,
     assert "still names step00000002" in last and "Traceback" not in full.stderr
     assert (checkpoints / "latest").read_text().strip() == "step00000002"
     assert not any(checkpoints.glob("*/step00000004*"))
-    done = run_module(args + ["--resume"])
+    done = run_in_process(args + ["--resume"])
     assert done.returncode == 0, done.stderr[-2000:]
     assert (checkpoints / "latest").read_text().strip() == "step00000004"
 
     config = (run_dir / "config.json").read_text()
-    other = run_module(args + ["--resume", "--max_steps", "6", "--encoder", "small"])
+    other = run_in_process(args + ["--resume", "--max_steps", "6", "--encoder", "small"])
     assert other.returncode == 2 and "Traceback" not in other.stderr
     assert "written for another model than this run configures (encoder 'tiny' there, 'small' " in (
         other.stderr
