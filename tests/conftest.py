@@ -36,9 +36,10 @@ def distributed():
     yield
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session", autouse=True)
 def one_thread():
-    """Tiny models run faster on one thread (and far faster when the two cores are shared)."""
+    """torch on one thread in every test, as in every child job (``OMP_NUM_THREADS=1``): tiny
+    models run faster on one thread, and far faster when the two cores are shared."""
     import torch
 
     threads = torch.get_num_threads()

@@ -27,7 +27,7 @@ MODEL_FILE = "mp_rank_00_model_states.pt"
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory, distributed, one_thread):
+def saved(tmp_path_factory, distributed):
     """A trainer whose run saved checkpoints step00000001..3 (random mode: 1 step = 1 tag)."""
     tmp = tmp_path_factory.mktemp("saved")
     schedule = ["--mode", "random", "--max_steps", "3", "--checkpoint_every", "1"]
@@ -166,9 +166,7 @@ def _limit_file_size(limit: int):
     return apply
 
 
-def test_disk_full_during_a_save_removes_it_and_keeps_the_previous_one(
-    tmp_path, distributed, one_thread
-):
+def test_disk_full_during_a_save_removes_it_and_keeps_the_previous_one(tmp_path, distributed):
     # ``distributed`` builds DeepSpeed's CPU collective op first: on a fresh machine the limited
     # child would otherwise JIT-compile it under the file-size limit and fail for that reason.
     run_dir = tmp_path / "run"

@@ -14,7 +14,6 @@ from tests.helpers import save_tiny_esm
 
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 # Lengths out of order, so that length-sorted batches differ from the input's order.
 RECORDS = {

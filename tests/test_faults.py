@@ -112,7 +112,7 @@ class _RunsCode:
         return (Path.touch, (self.marker,))
 
 
-def test_crafted_checkpoint_is_refused_without_running_it(tmp_path, distributed, one_thread):
+def test_crafted_checkpoint_is_refused_without_running_it(tmp_path, distributed):
     run_dir = tmp_path / "run"
     args = tiny_run_args(tmp_path, run_dir) + ["--max_steps", "4", "--checkpoint_every", "2"]
     first = run_in_process(args + ["--stop_after_steps", "2"])
@@ -229,7 +229,7 @@ def test_metrics_of_a_resumed_run_drop_a_torn_last_line(tmp_path):
     assert read_metrics(tmp_path) == [{"step": 1, "x": 1}, {"step": 2}]
 
 
-def test_remains_of_a_killed_prune_are_deleted_by_the_next_save(tmp_path, distributed, one_thread):
+def test_remains_of_a_killed_prune_are_deleted_by_the_next_save(tmp_path, distributed):
     args = tiny_run_args(tmp_path, tmp_path / "run") + [
         "--mode", "random", "--max_steps", "3", "--checkpoint_every", "1",
         "--keep_checkpoints", "1", "--num_workers", "0",

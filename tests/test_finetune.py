@@ -38,8 +38,6 @@ from advpt.tasks import (
 from advpt.tokenizer import TAPE
 from tests.helpers import IN_AND_OUT_OF_PROCESS, REPO, child_env, read_metrics
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 LETTERS = "ACDEFGHIKLMNPQRSTVWY"
 # The learnable signals: a residue's class is a function of its letter, a protein's fold is the
 # letter group it is enriched in, fluorescence and stability are residue-type fractions.

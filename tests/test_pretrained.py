@@ -21,8 +21,6 @@ from advpt.tokenizer import TAPE
 from advpt.training.consolidate import load_encoder
 from tests.helpers import REPO, launch, pretrain_tiny, tiny_run_args
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 ZERO_CONFIGS = {
     "zero0": {},
     "zero0-bf16": {"bf16": {"enabled": True}},

@@ -21,7 +21,6 @@ from tests.helpers import REPO, child_env, save_tiny_esm
 
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 WILD_TYPE = "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQAPILSRV"  # 40 residues
 VARIANTS = [
