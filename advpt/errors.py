@@ -13,7 +13,7 @@ import reprlib
 
 from safetensors import SafetensorError
 
-# Exit codes of the command-line tools (README, "Resuming, bad records and data safety").
+# Exit codes of the command-line tools (docs/reliability.md).
 EXIT_BAD_INPUT = 2  # input, configuration, files or the file system: one sentence says which
 EXIT_NUMERICAL = 3  # training stopped on non-finite losses; the last good state is saved
 # sysexits.h EX_TEMPFAIL, "try again later": stopped by a signal; a run saved a checkpoint to

@@ -31,7 +31,7 @@ from advpt.training.trainer import Trainer  # noqa: E402
 
 @command
 def main(argv: list[str] | None = None) -> int:
-    """Train; the exit code says how it ended (README, "Resuming, bad records and data safety").
+    """Train; the exit code says how it ended (docs/reliability.md).
 
     0: finished. 2: bad input, configuration, files or file system (one sentence says which).
     3: stopped on non-finite steps. 75: stopped by SIGTERM/SIGUSR1 or before the wall-clock

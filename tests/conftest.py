@@ -1,9 +1,11 @@
-"""Shared test set-up: DeepSpeed on the CPU with gloo, one process group per test session."""
+"""Shared test set-up: DeepSpeed on the CPU with gloo, one process group and one finished tiny
+run per test session, and the test tiers (the plugin ``tests/tiers.py``)."""
 
 import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 # Raw --data inputs (the bundled proteome included) are prepared into a cache: one per test
@@ -15,6 +17,8 @@ atexit.register(shutil.rmtree, _CACHE, True)
 import pytest  # noqa: E402
 
 from tests.helpers import free_port  # noqa: E402
+
+pytest_plugins = ["pytester", "tests.tiers"]
 
 
 @pytest.fixture(scope="session")
@@ -32,12 +36,29 @@ def distributed():
     yield
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session", autouse=True)
 def one_thread():
-    """Tiny models run faster on one thread (and far faster when the two cores are shared)."""
+    """torch on one thread in every test, as in every child job (``OMP_NUM_THREADS=1``): tiny
+    models run faster on one thread, and far faster when the two cores are shared."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def session_run(tmp_path_factory, distributed):
+    """One finished tiny run (two steps of random MLM, a checkpoint), trained once per session;
+    tests take a copy of it through ``finished_run``."""
+    from tests.helpers import pretrain_tiny
+
+    tmp = tmp_path_factory.mktemp("finished")
+    return pretrain_tiny(tmp, tmp / "run").run_dir
+
+
+@pytest.fixture
+def finished_run(session_run, tmp_path) -> Path:
+    """This test's own copy of the session's finished tiny run directory."""
+    return Path(shutil.copytree(session_run, tmp_path / "finished"))

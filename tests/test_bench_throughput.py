@@ -5,9 +5,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import REPO, child_env
 
 
+@pytest.mark.slow
 def test_throughput_benchmark_tiny_preset_reports_every_field(tmp_path):
     out = tmp_path / "bench.json"
     command = [
@@ -38,6 +41,7 @@ def test_throughput_benchmark_tiny_preset_reports_every_field(tmp_path):
     assert "cost_vs_random" in result.stdout
 
 
+@pytest.mark.slow
 def test_every_mode_times_the_phases_its_name_says(tmp_path):
     """A row times the trainer's own optimizer steps, and they are its mode's: a warm-up mode
     (context-warmup: random-only for the first quarter of the run) times adversarial steps."""

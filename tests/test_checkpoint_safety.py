@@ -21,13 +21,13 @@ import torch
 
 from advpt.errors import CheckpointError
 from advpt.training import checkpoint
-from tests.helpers import REPO, build_tiny_trainer, child_env, run_module, tiny_run_args
+from tests.helpers import REPO, build_tiny_trainer, child_env, run_in_process, tiny_run_args
 
 MODEL_FILE = "mp_rank_00_model_states.pt"
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory, distributed, one_thread):
+def saved(tmp_path_factory, distributed):
     """A trainer whose run saved checkpoints step00000001..3 (random mode: 1 step = 1 tag)."""
     tmp = tmp_path_factory.mktemp("saved")
     schedule = ["--mode", "random", "--max_steps", "3", "--checkpoint_every", "1"]
@@ -174,7 +174,7 @@ def test_disk_full_during_a_save_removes_it_and_keeps_the_previous_one(tmp_path,
         "--mode", "random", "--max_steps", "4", "--checkpoint_every", "2", "--num_workers", "0",
         "--val_max_batches", "1",
     ]  # fmt: skip
-    first = run_module(args + ["--stop_after_steps", "2"])
+    first = run_in_process(args + ["--stop_after_steps", "2"])
     assert first.returncode == 0, first.stderr[-2000:]
     checkpoints = run_dir / "checkpoints"
     model_size = (checkpoints / "encoder" / "step00000002" / MODEL_FILE).stat().st_size
@@ -191,12 +191,12 @@ def test_disk_full_during_a_save_removes_it_and_keeps_the_previous_one(tmp_path,
     assert "still names step00000002" in last and "Traceback" not in full.stderr
     assert (checkpoints / "latest").read_text().strip() == "step00000002"
     assert not any(checkpoints.glob("*/step00000004*"))
-    done = run_module(args + ["--resume"])
+    done = run_in_process(args + ["--resume"])
     assert done.returncode == 0, done.stderr[-2000:]
     assert (checkpoints / "latest").read_text().strip() == "step00000004"
 
     config = (run_dir / "config.json").read_text()
-    other = run_module(args + ["--resume", "--max_steps", "6", "--encoder", "small"])
+    other = run_in_process(args + ["--resume", "--max_steps", "6", "--encoder", "small"])
     assert other.returncode == 2 and "Traceback" not in other.stderr
     assert "written for another model than this run configures (encoder 'tiny' there, 'small' " in (
         other.stderr

@@ -23,7 +23,6 @@ from tests.helpers import (
 
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 # Lengths out of order, so that length-sorted batches differ from the input's order.
 RECORDS = {

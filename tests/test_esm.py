@@ -27,7 +27,6 @@ from tests.helpers import REPO, child_env, save_tiny_esm
 
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 SEQUENCES = ["MKVLAAGIVGLLLAXB", "MSTNPKPQRKTKRNTNRRPQDVKFPGGUZO", "ACDEF"]
 

@@ -25,8 +25,6 @@ from tests.test_finetune import finetune_args, write_task
 
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def _logits(model: MaskedLanguageModel, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():

@@ -23,6 +23,7 @@ from tests.helpers import (
     child_env,
     launcher_command,
     read_metrics,
+    run_in_process,
     run_module,
     tiny_run_args,
     without_wall_clock,
@@ -111,16 +112,16 @@ class _RunsCode:
         return (Path.touch, (self.marker,))
 
 
-def test_crafted_checkpoint_is_refused_without_running_it(tmp_path):
+def test_crafted_checkpoint_is_refused_without_running_it(tmp_path, distributed):
     run_dir = tmp_path / "run"
     args = tiny_run_args(tmp_path, run_dir) + ["--max_steps", "4", "--checkpoint_every", "2"]
-    first = run_module(args + ["--stop_after_steps", "2"])
+    first = run_in_process(args + ["--stop_after_steps", "2"])
     assert first.returncode == 0, first.stderr[-2000:]
     marker = tmp_path / "pwned"
     tag = (run_dir / "checkpoints" / "latest").read_text().strip()
     states = run_dir / "checkpoints" / "encoder" / tag / "mp_rank_00_model_states.pt"
     torch.save({"module": _RunsCode(marker)}, states)
-    resumed = run_module(args + ["--resume"])
+    resumed = run_in_process(args + ["--resume"])
     assert resumed.returncode == 2
     assert "--resume found no usable checkpoint" in resumed.stderr
     assert "mp_rank_00_model_states.pt has" in resumed.stderr  # not the size it was written with
@@ -228,17 +229,17 @@ def test_metrics_of_a_resumed_run_drop_a_torn_last_line(tmp_path):
     assert read_metrics(tmp_path) == [{"step": 1, "x": 1}, {"step": 2}]
 
 
-def test_remains_of_a_killed_prune_are_deleted_by_the_next_save(tmp_path):
+def test_remains_of_a_killed_prune_are_deleted_by_the_next_save(tmp_path, distributed):
     args = tiny_run_args(tmp_path, tmp_path / "run") + [
         "--mode", "random", "--max_steps", "3", "--checkpoint_every", "1",
         "--keep_checkpoints", "1", "--num_workers", "0",
     ]  # fmt: skip
-    assert run_module(args + ["--stop_after_steps", "2"]).returncode == 0
+    assert run_in_process(args + ["--stop_after_steps", "2"]).returncode == 0
     checkpoints = tmp_path / "run" / "checkpoints"
     remains = checkpoints / "encoder" / "step00000001"  # its rng/ part was pruned, then the kill
     remains.mkdir()
     (remains / "mp_rank_00_model_states.pt").write_bytes(b"half-deleted")
-    assert run_module(args + ["--resume"]).returncode == 0
+    assert run_in_process(args + ["--resume"]).returncode == 0
     parts = [part for part in checkpoints.iterdir() if part.is_dir()]
     kept = {part.name: sorted(t.name for t in part.iterdir()) for part in parts}
     assert kept == {

@@ -37,9 +37,7 @@ from advpt.tasks import (
     task_spec,
 )
 from advpt.tokenizer import TAPE
-from tests.helpers import REPO, child_env, pretrain_tiny, read_metrics
-
-pytestmark = pytest.mark.usefixtures("one_thread")
+from tests.helpers import IN_AND_OUT_OF_PROCESS, REPO, child_env, read_metrics
 
 LETTERS = "ACDEFGHIKLMNPQRSTVWY"
 # The learnable signals: a residue's class is a function of its letter, a protein's fold is the
@@ -350,22 +348,23 @@ def test_same_seed_same_run_and_early_stopping(tmp_path, distributed):
     assert stopped["stopped_early"] and stopped["steps"] == 4 and stopped["best_step"] == 2
 
 
-def test_command_line_errors_are_one_line(tmp_path):
+@IN_AND_OUT_OF_PROCESS
+def test_command_line_errors_are_one_line(tmp_path, distributed, run):
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "results.json").write_text("{}")
     args = finetune_args(tmp_path / "data", "stability", taken)
-    done = fresh_process(sys.executable, "-m", "advpt.finetune", *args)
+    done = run(args, module="advpt.finetune")
     assert done.returncode == 2 and "already holds results" in done.stderr
 
     missing = finetune_args(tmp_path / "nowhere", "stability", tmp_path / "x")
-    done = fresh_process(sys.executable, "-m", "advpt.finetune", *missing)
+    done = run(missing, module="advpt.finetune")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().endswith("(see docs/finetune.md for the download)")
 
 
-def test_sweep_tabulates_two_encoders_and_reuses_finished_runs(tmp_path, distributed):
-    run = pretrain_tiny(tmp_path, tmp_path / "pretrain").run_dir
+def test_sweep_tabulates_two_encoders_and_reuses_finished_runs(tmp_path, finished_run):
+    run = finished_run
     data = write_task(tmp_path / "data", "fluorescence", "json")
     out = tmp_path / "sweep"
     command = [

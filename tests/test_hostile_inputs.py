@@ -396,13 +396,12 @@ def test_a_full_file_system_under_the_data_cache_is_one_sentence(tmp_path, mount
 
 
 def test_export_and_report_onto_a_full_file_system_are_one_sentence(
-    tmp_path, mount, distributed, capsys
+    tmp_path, mount, finished_run, capsys
 ):
     from advpt.export import main as export
     from advpt.report import main as report
-    from tests.helpers import pretrain_tiny
 
-    run_dir = pretrain_tiny(tmp_path, tmp_path / "run").run_dir
+    run_dir = finished_run
     capsys.readouterr()
     full = mount("full", "size=64k")
     assert export([str(run_dir), str(full / "model")]) == EXIT_BAD_INPUT

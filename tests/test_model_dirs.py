@@ -34,8 +34,6 @@ from tests.test_finetune import finetune_args, write_task
 
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def _export(path: Path, capsys) -> str:
     """``python -m advpt.export path OUT``: it must fail with one sentence, which is returned."""

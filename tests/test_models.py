@@ -200,6 +200,7 @@ def test_conv_noiser_sees_as_far_as_its_receptive_field(backward):
         assert (moved > 0) == seen, (distance, backward)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("preset", "package"), [("tiny", "tape"), ("esm2_tiny", "transformers")])
 def test_speed_benchmark_compares_equal_models(tmp_path, preset, package):
     """scripts/bench_esm.py at a tiny size, against TAPE's and against transformers' model: both

@@ -21,8 +21,6 @@ from advpt.tokenizer import TAPE
 from advpt.training.consolidate import load_encoder
 from tests.helpers import REPO, launch, pretrain_tiny, tiny_run_args
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 ZERO_CONFIGS = {
     "zero0": {},
     "zero0-bf16": {"bf16": {"enabled": True}},
@@ -102,8 +100,8 @@ with torch.no_grad():
 """
 
 
-def test_export_round_trips_to_identical_outputs_without_deepspeed(tmp_path, distributed, capsys):
-    run_dir = pretrain_tiny(tmp_path, tmp_path / "run").run_dir
+def test_export_round_trips_to_identical_outputs_without_deepspeed(tmp_path, finished_run, capsys):
+    run_dir = finished_run
     out = tmp_path / "export"
     assert export_main([str(run_dir), str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]

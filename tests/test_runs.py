@@ -8,6 +8,7 @@ import pytest
 from advpt.training.run_metrics import load_run
 from advpt.training.summary import summarize
 from tests.helpers import (
+    IN_AND_OUT_OF_PROCESS,
     bundled_clusters,
     launch,
     read_metrics,
@@ -66,11 +67,12 @@ def test_stopped_and_resumed_run_matches_an_uninterrupted_one(tmp_path):
     assert lines[final + 1].startswith("  unigram entropy  2.8")
 
 
-def test_fresh_run_refuses_to_overwrite_and_bad_configs_are_one_line(tmp_path):
+@IN_AND_OUT_OF_PROCESS
+def test_fresh_run_refuses_to_overwrite_and_bad_configs_are_one_line(tmp_path, distributed, run):
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "checkpoints" / "latest").write_text("step00000001\n")
-    result = run_module(tiny_run_args(tmp_path, run_dir) + ["--max_steps", "1"])
+    result = run(tiny_run_args(tmp_path, run_dir) + ["--max_steps", "1"])
     assert result.returncode == 2
     assert "already holds a run; pass --resume" in result.stderr
     assert "Traceback" not in result.stderr
@@ -82,13 +84,13 @@ def test_fresh_run_refuses_to_overwrite_and_bad_configs_are_one_line(tmp_path):
     inconsistent.write_text(json.dumps(config))
     args = tiny_run_args(tmp_path, tmp_path / "other")
     args[args.index("--deepspeed_config") + 1] = str(inconsistent)
-    result = run_module(args)
+    result = run(args)
     assert result.returncode == 2 and "bad.json" in result.stderr
     assert "!= train_batch_size 8" in result.stderr
 
     run_file = tmp_path / "run.yaml"
     run_file.write_text("masking:\n  random_rat: 0.2\n")
-    result = run_module(tiny_run_args(tmp_path, tmp_path / "x") + ["--config", str(run_file)])
+    result = run(tiny_run_args(tmp_path, tmp_path / "x") + ["--config", str(run_file)])
     assert result.returncode == 2
     assert "run.yaml: unknown setting 'random_rat' (did you mean 'random_rate'?)" in result.stderr
 

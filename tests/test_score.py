@@ -34,7 +34,6 @@ from tests.helpers import (
 
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 WILD_TYPE = "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQAPILSRV"  # 40 residues
 VARIANTS = [

@@ -10,6 +10,7 @@ import pytest
 from tests.helpers import REPO, child_env
 
 pytest.importorskip("matplotlib")
+pytestmark = pytest.mark.slow
 
 
 def _mean_std(text: str) -> tuple[float, float]:

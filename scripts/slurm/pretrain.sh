@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Adversarial pre-training as one srun step of a Slurm batch job, requeued at the time limit.
 # Run by pretrain-1node.sbatch and pretrain-multinode.sbatch (which set the resources); its
-# arguments are more advpt.train flags, e.g. --max_steps 200000 (README, "On a cluster").
+# arguments are more advpt.train flags, e.g. --max_steps 200000 (docs/scaling.md, "On a cluster").
 #
 # DATA (required): a prepared dataset (python -m advpt.data.prepare, best done once on a shared
 #   file system) or raw inputs, prepared into ADVPT_DATA_CACHE by one task per node.
