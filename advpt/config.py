@@ -192,6 +192,10 @@ class ModelConfig(Section):
     corrupts cannot give away the residue there. Off is the paper's noiser."""
     activation_checkpointing: int = 0
     """Recompute every n-th encoder layer in the backward pass to save memory; 0 is off."""
+    compile: bool = False
+    """Run the encoder and the transformer noiser's layers under torch.compile (inductor, one
+    graph for all sequence lengths); the first step of each phase compiles, and the first
+    step's compile time is reported. The GRU noiser stays eager: its fused GRU gains nothing."""
 
     def rules(self) -> list[tuple[bool, str]]:
         gru = self.noiser_arch == "gru"
