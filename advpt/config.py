@@ -194,8 +194,9 @@ class ModelConfig(Section):
     """Recompute every n-th encoder layer in the backward pass to save memory; 0 is off."""
     compile: bool = False
     """Run the encoder and the transformer noiser's layers under torch.compile (inductor, one
-    graph for all sequence lengths); the first step of each phase compiles, and the first
-    step's compile time is reported. The GRU noiser stays eager: its fused GRU gains nothing."""
+    graph for all sequence lengths; ZeRO stage 0-2); the first step of each phase compiles, and
+    the first step's compile time is reported. The GRU noiser stays eager: its fused GRU gains
+    nothing."""
 
     def rules(self) -> list[tuple[bool, str]]:
         gru = self.noiser_arch == "gru"

@@ -29,7 +29,7 @@ from advpt.errors import CheckpointError, ConfigError
 from advpt.models import ENCODER_PRESETS, EncoderConfig, MaskedLanguageModel, build_noiser
 from advpt.tokenizer import Vocabulary
 from advpt.training import ranks
-from advpt.training.compilation import compile_engines
+from advpt.training.compilation import compile_engine
 from advpt.training.consolidate import load_model
 from advpt.training.engines import build_engine, load_ds_config
 from advpt.training.launch import discover, free_port
@@ -206,7 +206,9 @@ def build_engines(
                 "same gradient accumulation (train_batch_size)"
             )
     if config.model.compile:
-        compile_engines(encoder, noiser)
+        compile_engine(encoder, config.deepspeed_config)
+        if noiser is not None:
+            compile_engine(noiser, config.noiser_deepspeed_config)
     return encoder, noiser
 
 

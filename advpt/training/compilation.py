@@ -34,6 +34,7 @@ import torch._dynamo
 from deepspeed.accelerator import get_accelerator
 from torch import nn
 
+from advpt.errors import ConfigError
 from advpt.models import MaskedLanguageModel, TransformerNoiser
 
 OPTIONS = {"dynamic": True, "fullgraph": True}
@@ -62,14 +63,21 @@ def compile_forward(module: nn.Module) -> None:
     module.forward = torch.compile(module.forward, backend=backend, **OPTIONS)
 
 
-def compile_engines(
-    encoder: deepspeed.DeepSpeedEngine, noiser: deepspeed.DeepSpeedEngine | None
-) -> None:
-    """Compile the forward of the encoder's model and of the noiser's compilable part, if any."""
-    for engine in (encoder, noiser):
-        part = compiled_part(engine.module) if engine is not None else None
-        if part is not None:
-            compile_forward(part)
+def compile_engine(engine: deepspeed.DeepSpeedEngine, ds_config: str) -> None:
+    """Compile the forward of ``engine``'s compilable part, if its model has one.
+
+    ZeRO stage 3 is refused: its hooks that gather each layer's parameters are excluded from
+    compilation (``torch.compiler.disable``), so every layer would break the graph.
+    """
+    part = compiled_part(engine.module)
+    if part is None:
+        return
+    if engine.zero_optimization_partition_weights():
+        raise ConfigError(
+            f"--compile cannot run under ZeRO stage 3 (DeepSpeed config {ds_config}): its "
+            "parameter gathering breaks the compiled graph at every layer; use stage 0-2"
+        )
+    compile_forward(part)
 
 
 def compile_seconds() -> float:
