@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import deepspeed
 import torch
-import torch._dynamo
 from deepspeed.accelerator import get_accelerator
 from torch import nn
 
@@ -81,7 +80,11 @@ def compile_engine(engine: deepspeed.DeepSpeedEngine, ds_config: str) -> None:
 
 
 def compile_seconds() -> float:
-    """Seconds this process has spent compiling so far (dynamo's forward and backward graphs)."""
+    """Seconds this process has spent compiling so far (dynamo's forward and backward graphs).
+
+    ``torch._dynamo`` is imported on first use, here as in ``compile_forward``: importing it
+    with the trainer would slow down every run's start, compiled or not.
+    """
     return torch._dynamo.utils.calculate_time_spent()["total_wall_time"]
 
 
