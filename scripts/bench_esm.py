@@ -16,13 +16,19 @@ everywhere and ignore the unmasked labels. Before timing, both models' losses on
 dropout off are printed (they must agree, or the comparison is void); then the two models take
 turns: each round times ``--steps`` steps of one, then of the other, so that load from other
 processes hits both alike; the reported time is the median over ``--rounds`` rounds.
-``--dtype bf16`` runs both under ``torch.autocast``. The device is CUDA when available
+``--dtype bf16`` runs both under ``torch.autocast``. ``--compile`` adds a compiled copy of each
+model, compiled the same way (the forward, as ``advpt --compile`` compiles it: inductor, dynamic
+shapes, one graph; ``advpt.training.compilation``): four rows, the eager two kept. Compiled
+models take one more untimed step, which compiles. The device is CUDA when available
 (``--device`` overrides), unchanged code.
+
+    python scripts/bench_esm.py --preset esm2_t6_8M --batch 8 --length 256 --compile
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -39,6 +45,7 @@ from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.hf_esm import hf_config, hf_state
 from advpt.models.tape import save_tape
 from advpt.tokenizer import Vocabulary
+from advpt.training.compilation import compile_forward, compile_seconds
 
 STANDARD = "ACDEFGHIKLMNPQRSTVWY"  # residues of the random sequences
 
@@ -123,12 +130,18 @@ REFERENCES = {
 }
 
 
-def build(preset: str, device: torch.device, lr: float = 1e-4):
-    """advpt's model and the reference with equal weights, each with its own AdamW."""
+def build(preset: str, device: torch.device, compiled: bool = False, lr: float = 1e-4):
+    """advpt's model and the reference with equal weights, each with its own AdamW; with
+    ``compiled``, a compiled copy of each too (``<name> compiled``)."""
     torch.manual_seed(0)
     ours = MaskedLanguageModel(ENCODER_PRESETS[preset])
     reference = REFERENCES[ours.encoder.cfg.family]
     models = {"advpt": ours.to(device), reference.name: reference.build(ours).to(device)}
+    if compiled:
+        for name, model in list(models.items()):
+            twin = copy.deepcopy(model)
+            compile_forward(twin)
+            models[f"{name} compiled"] = twin
     optimizers = {
         name: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
         for name, model in models.items()
@@ -136,22 +149,25 @@ def build(preset: str, device: torch.device, lr: float = 1e-4):
     return models, optimizers
 
 
-def losses(models, batch) -> dict[str, Callable[[], torch.Tensor]]:
-    """One function per model computing its MLM loss on ``batch``."""
+def losses(models, batch, family: str) -> dict[str, Callable[[], torch.Tensor]]:
+    """One function per model computing its MLM loss on ``batch``; the reference's loss is
+    that of ``family``'s reference."""
     ids, inputs, masked = batch
     valid = torch.ones_like(ids, dtype=torch.bool)
-    num_masked = int(masked.sum())
-    (name, model), (reference_name, reference) = models.items()
-    reference_loss = REFERENCES[model.encoder.cfg.family].loss
-    return {
-        name: lambda: model(inputs, valid, ids, masked, num_masked, has_padding=False).loss,
-        reference_name: lambda: reference_loss(reference, inputs, valid, ids, masked),
-    }
+    num_masked, widest = int(masked.sum()), int(masked.sum(1).max())  # on the host, once
+    reference_loss = REFERENCES[family].loss
+
+    def loss_of(model: nn.Module) -> Callable[[], torch.Tensor]:
+        if isinstance(model, MaskedLanguageModel):
+            return lambda: model(inputs, valid, ids, masked, num_masked, None, False, widest).loss
+        return lambda: reference_loss(model, inputs, valid, ids, masked)
+
+    return {name: loss_of(model) for name, model in models.items()}
 
 
-def steps(models, optimizers, batch, dtype: torch.dtype, device: torch.device):
+def steps(models, optimizers, batch, family: str, dtype: torch.dtype, device: torch.device):
     """One training-step function per model, each returning its (detached) loss."""
-    loss_of = losses(models, batch)
+    loss_of = losses(models, batch, family)
 
     def make(name: str) -> Callable[[], torch.Tensor]:
         def step() -> torch.Tensor:
@@ -167,12 +183,14 @@ def steps(models, optimizers, batch, dtype: torch.dtype, device: torch.device):
     return {name: make(name) for name in models}
 
 
-def agreement(models, batch, dtype: torch.dtype, device: torch.device) -> dict[str, float]:
+def agreement(
+    models, batch, family: str, dtype: torch.dtype, device: torch.device
+) -> dict[str, float]:
     """Each model's loss on ``batch`` with dropout off and no update."""
     for model in models.values():
         model.eval()
     with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-        result = {name: float(loss()) for name, loss in losses(models, batch).items()}
+        result = {name: float(loss()) for name, loss in losses(models, batch, family).items()}
     for model in models.values():
         model.train()
     return result
@@ -194,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         help="process: CPU time of this process (CPU runs on a machine shared with other jobs: "
         "time spent waiting for a core is not counted)",
     )  # fmt: skip
+    parser.add_argument(
+        "--compile", action="store_true",
+        help="also time a compiled copy of each model (one more untimed step compiles it)",
+    )  # fmt: skip
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
 
@@ -202,24 +224,29 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--clock process measures CPU runs only")
     clock = time.process_time if args.clock == "process" else time.perf_counter
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    models, optimizers = build(args.preset, device)
-    reference = REFERENCES[ENCODER_PRESETS[args.preset].family].name
+    models, optimizers = build(args.preset, device, args.compile)
+    family = ENCODER_PRESETS[args.preset].family
+    reference = REFERENCES[family].name
     vocab = ENCODER_PRESETS[args.preset].vocabulary
     batch = make_batch(vocab, args.batch, args.length, args.masking_rate, device)
-    step = steps(models, optimizers, batch, dtype, device)
+    step = steps(models, optimizers, batch, family, dtype, device)
 
-    first = agreement(models, batch, dtype, device)
+    first = agreement(models, batch, family, dtype, device)
     print(
-        f"MLM loss before training, dropout off: advpt {first['advpt']:.6f}, "
-        f"{reference} {first[reference]:.6f}"
+        "MLM loss before training, dropout off: "
+        + ", ".join(f"{name} {loss:.6f}" for name, loss in first.items())
     )
     tolerance = 1e-4 if dtype == torch.float32 else 2e-2
-    if abs(first["advpt"] - first[reference]) > tolerance * abs(first[reference]):
-        raise SystemExit("the two models disagree: the comparison would be void")
-    for fn in step.values():
-        for _ in range(args.warmup):
+    if any(
+        abs(loss - first[reference]) > tolerance * abs(first[reference]) for loss in first.values()
+    ):
+        raise SystemExit("the models disagree: the comparison would be void")
+    for name, fn in step.items():
+        for _ in range(args.warmup + name.endswith(" compiled")):
             fn()
     sync(device)
+    if args.compile:
+        print(f"compiling took {compile_seconds():.1f} s")
 
     times: dict[str, list[float]] = {name: [] for name in step}
     peak: dict[str, float] = {}
@@ -247,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         "peak_mem_gb": peak or None,
         "reference": reference, "speedup": median[reference] / median["advpt"],
     }  # fmt: skip
+    if args.compile:
+        result["compiled_speedup"] = median[f"{reference} compiled"] / median["advpt compiled"]
+        result["compile_seconds"] = compile_seconds()
     print(
         f"{args.preset}, batch {args.batch} x {args.length} tokens, masking {args.masking_rate}, "
         f"{args.dtype}, {result['device_name']}, {result['threads']} threads, {args.clock} clock"
@@ -254,10 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in step:
         spread = f"{min(times[name]):.1f}-{max(times[name]):.1f}"
         print(
-            f"  {name:<13} {median[name]:9.1f} ms/step (rounds {spread})  "
+            f"  {name:<22} {median[name]:9.1f} ms/step (rounds {spread})  "
             f"{result['tokens_per_s'][name]:10.0f} tokens/s"
         )
     print(f"  speedup of advpt: {result['speedup']:.2f}x")
+    if args.compile:
+        print(f"  speedup of advpt, both compiled: {result['compiled_speedup']:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -143,6 +143,10 @@ class ModelConfig(Section):
     corrupts cannot give away the residue there. Off is the paper's noiser."""
     activation_checkpointing: int = 0
     """Recompute every n-th encoder layer in the backward pass to save memory; 0 is off."""
+    compile: bool = False
+    """Run the encoder and the transformer noiser's layers under torch.compile (inductor, one
+    graph for all sequence lengths; ZeRO stage 0-2); the first step of each phase compiles, and
+    the first step's compile time is reported. The GRU and conv noisers stay eager."""
 
     def rules(self) -> list[tuple[bool, str]]:
         directional = self.noiser_arch in ("gru", "conv")

@@ -29,6 +29,7 @@ from advpt.errors import CheckpointError, ConfigError
 from advpt.models import ENCODER_PRESETS, EncoderConfig, MaskedLanguageModel, build_noiser
 from advpt.tokenizer import Vocabulary
 from advpt.training import ranks
+from advpt.training.compilation import compile_engine
 from advpt.training.consolidate import load_model
 from advpt.training.engines import build_engine, load_ds_config
 from advpt.training.launch import check_meeting_point, discover, free_port, rendezvous_timeout
@@ -179,7 +180,7 @@ def build_engines(
     source: MaskedLanguageModel | None = None,
 ) -> tuple[deepspeed.DeepSpeedEngine, deepspeed.DeepSpeedEngine | None]:
     """The encoder's engine (``encoder_cfg``, holding ``source``'s weights when given) and, in
-    adversarial runs, the noiser's, seeded by ``config``."""
+    adversarial runs, the noiser's, seeded by ``config``; compiled with ``--compile``."""
     torch.manual_seed(config.run.seed)
     s, method = config.optim, config.method
     model = MaskedLanguageModel(encoder_cfg)
@@ -207,6 +208,10 @@ def build_engines(
                 f"{config.deepspeed_config} and {config.noiser_deepspeed_config} must give the "
                 "same gradient accumulation (train_batch_size)"
             )
+    if config.model.compile:
+        compile_engine(encoder, config.deepspeed_config)
+        if noiser is not None:
+            compile_engine(noiser, config.noiser_deepspeed_config)
     return encoder, noiser
 
 

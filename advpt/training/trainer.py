@@ -49,6 +49,7 @@ from advpt.data.stream import MicroBatches, ValidationBatches, stream_loader
 from advpt.errors import CheckpointError, NonFiniteError, cannot_write
 from advpt.models.encoder import MLMOutput, preset_of
 from advpt.training import checkpoint, ranks
+from advpt.training.compilation import describe_compile_time
 from advpt.training.engines import check_global_batch, current_lr
 from advpt.training.monitor import MetricsAccumulator, MetricsWriter, check_collapse
 from advpt.training.objective import AdversarialObjective, masked_lm
@@ -178,9 +179,13 @@ class Trainer:
         last: dict[str, Any] = {}
         self.metrics = MetricsAccumulator(self.device, self.vocab)
         self._clock = time.perf_counter()
+        compiling = cfg.model.compile  # the first step compiles: say how long that took
         try:
             while self.counters.encoder_step < stop_at and not self.stopped_by:
                 last = self._train_step(data, writer, progress, stop_at) or last
+                if compiling:
+                    progress.note(describe_compile_time())
+                    compiling = False
         finally:
             data.close()  # its DataLoader workers stop now, also when training failed
             progress.close()

@@ -1,0 +1,151 @@
+"""``--compile``: a compiled trainer computes what an eager one does, in every phase, with no graph
+break and no recompilation once each kind of call has compiled.
+
+Compiling on two shared CPU cores takes minutes, so these tests are ``slow``. Inductor draws
+dropout's random numbers from its own generator; ``fallback_random`` makes it draw them as eager
+PyTorch does, so that the two trainers see the same dropout masks and the same noiser draws.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from advpt.data.stream import stream_loader
+from advpt.errors import ConfigError
+from advpt.training.compilation import compiled_part
+from advpt.training.phases import PHASES
+from advpt.training.schedule import ENCODER, JOINT, NOISER, RANDOM
+from tests.helpers import REPO, build_tiny_trainer, child_env
+
+pytestmark = pytest.mark.usefixtures("distributed", "one_thread")
+
+RESIDUES = "ACDEFGHIKLMNPQRSTVWY"
+
+
+def varied_fasta(path):
+    """Records of seven lengths, 13 or 14 of each: length-bucketed micro-batches of 4 come both
+    padded (lengths mixed) and unpadded, and of several lengths."""
+    records = []
+    for i in range(96):
+        length = 12 + (i % 7) * 4
+        sequence = "".join(RESIDUES[(i * 7 + j * 3) % 20] for j in range(length))
+        records.append(f">r{i}\n{sequence}\n")
+    path.write_text("".join(records))
+    return path
+
+
+def trainers(tmp_path, encoder: str):
+    """An eager and a compiled trainer from one seed (transformer noiser, varied lengths)."""
+    data = varied_fasta(tmp_path / "varied.fasta")
+    flags = [
+        "--encoder", encoder, "--noiser_arch", "transformer", "--data", str(data),
+        "--max_length", "64", "--micro_batch", "4", "--bucket_batches", "2",
+    ]  # fmt: skip
+    eager = build_tiny_trainer(tmp_path / "eager", *flags)
+    compiled = build_tiny_trainer(tmp_path / "compiled", *flags, "--compile")
+    return eager, compiled
+
+
+def batches(trainer, count: int = 40):
+    """The first ``count`` micro-batches of ``trainer``'s stream: (padded, unpadded) lists."""
+    data = iter(stream_loader(trainer.stream, 0, 0, lambda: None))
+    drawn = [next(data) for _ in range(count)]
+    data.close()
+    return [b for b in drawn if b.has_padding], [b for b in drawn if not b.has_padding]
+
+
+def micro_step(trainer, phase: str, batch, seed: int, boundary: bool):
+    """The trainer's micro-step of ``phase`` on ``batch``; returns its loss and, off the
+    accumulation boundary (no optimizer step yet), the gradients of the models it trains."""
+    trained = {name: trainer.engines[name] for name in PHASES[phase].trains}
+    for engine in trained.values():
+        engine.set_gradient_accumulation_boundary(boundary)
+    torch.manual_seed(seed)  # the noiser's draw, the random phase's and dropout
+    loss = trainer.micro_step(phase, batch).loss.detach()
+    grads = {
+        f"{name}.{param_name}": param.grad.clone()
+        for name, engine in trained.items()
+        for param_name, param in engine.module.named_parameters()
+        if param.grad is not None and not boundary
+    }
+    return loss, grads
+
+
+def assert_same_step(eager, compiled, phase, batches, seed):
+    """One optimizer step of ``phase`` (two micro-steps) on both trainers: equal losses,
+    gradients (after the first micro-step) and weights (after the step), within 1e-5."""
+    for boundary, batch in zip((False, True), batches, strict=True):
+        loss, grads = micro_step(eager, phase, batch, seed, boundary)
+        compiled_loss, compiled_grads = micro_step(compiled, phase, batch, seed, boundary)
+        torch.testing.assert_close(compiled_loss, loss, rtol=1e-5, atol=1e-5)
+        assert compiled_grads.keys() == grads.keys() and (boundary or grads)
+        for name, grad in grads.items():
+            torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-5, atol=1e-5, msg=name)
+    for name in PHASES[phase].trains:
+        weights = eager.engines[name].module.state_dict()
+        for key, value in compiled.engines[name].module.state_dict().items():
+            torch.testing.assert_close(value, weights[key], rtol=1e-5, atol=1e-5, msg=key)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("encoder", ["tiny", "small"])
+def test_compiled_training_equals_eager_without_recompiling(tmp_path, encoder):
+    eager, compiled = trainers(tmp_path, encoder)
+    padded, unpadded = batches(eager)
+    phases = (RANDOM, NOISER, ENCODER, JOINT)
+    breaks = sum(counters["graph_break"].values())
+    with torch._inductor.config.patch(fallback_random=True):
+        # every kind of call compiles on its first micro-batch: each phase, padded or not
+        for seed, phase in enumerate(phases):
+            assert_same_step(eager, compiled, phase, (padded[0], unpadded[0]), seed)
+        seen = {b.ids.shape[1] for b in (padded[0], unpadded[0])}
+        later = [b for b in padded[1:] + unpadded[1:] if b.ids.shape[1] not in seen][:4]
+        assert len({b.ids.shape[1] for b in later}) >= 2 and len(later) == 4
+        with torch.compiler.set_stance("fail_on_recompile"):  # a recompilation raises
+            for seed, phase in enumerate(phases * 2, start=len(phases)):
+                assert_same_step(eager, compiled, phase, later[seed % 2 * 2 :][:2], seed)
+    assert sum(counters["graph_break"].values()) == breaks
+
+
+@pytest.mark.slow
+def test_compiled_run_reports_its_compile_time(tmp_path, capsys):
+    """A --compile run (the paper's GRU noiser, which stays eager) trains, validates and says
+    at its start how long compiling took."""
+    trainer = build_tiny_trainer(
+        tmp_path, "--compile", "--max_steps", "2", "--noiser_steps", "1", "--encoder_steps", "1"
+    )
+    assert compiled_part(trainer.noiser.module) is None
+    record = trainer.train()
+    assert record["encoder_step"] == 2 and record["val_loss"] > 0
+    said = capsys.readouterr().err
+    assert re.search(r"torch\.compile: [0-9.]+ s compiling in the first step", said)
+
+
+def test_compile_refuses_zero_3(tmp_path):
+    """ZeRO-3 gathers each layer's parameters in hooks that torch.compile leaves out: one
+    sentence naming the DeepSpeed config, before anything compiles."""
+    with pytest.raises(
+        ConfigError, match=r"--compile cannot run under ZeRO stage 3 .*encoder\.json"
+    ):
+        build_tiny_trainer(tmp_path, "--compile", zero_optimization={"stage": 3})
+
+
+@pytest.mark.slow
+def test_speed_benchmark_times_compiled_rows(tmp_path):
+    """scripts/bench_esm.py --compile at a tiny size, one step: advpt and transformers' model,
+    eager and compiled the same way, agree on the loss and are all timed."""
+    out = tmp_path / "bench.json"
+    command = [sys.executable, "scripts/bench_esm.py", "--preset", "esm2_tiny", "--batch", "2"]
+    command += ["--length", "24", "--steps", "1", "--rounds", "1", "--warmup", "0", "--compile"]
+    subprocess.run([*command, "--json", str(out)], cwd=REPO, env=child_env(), check=True)
+    result = json.loads(out.read_text())
+    rows = ["advpt", "transformers", "advpt compiled", "transformers compiled"]
+    assert sorted(result["ms_per_step"]) == sorted(rows)
+    assert result["compiled_speedup"] > 0 and result["compile_seconds"] > 0
