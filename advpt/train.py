@@ -23,6 +23,7 @@ from advpt.training import ranks  # noqa: E402
 from advpt.training.build import build_trainer, init_distributed  # noqa: E402
 from advpt.training.checkpoint import checkpoint_tag  # noqa: E402
 from advpt.training.preemption import StopSignals  # noqa: E402
+from advpt.training.run_dir import RunDir  # noqa: E402
 from advpt.training.run_lock import RunDirLock  # noqa: E402
 from advpt.training.summary import report_run  # noqa: E402
 from advpt.training.trainer import Trainer  # noqa: E402
@@ -55,10 +56,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _check_run_dir(config: TrainConfig) -> None:
     """Refuse an unusable run directory before anything is built."""
-    run_dir = Path(config.run.run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
+    run_dir = RunDir.at(config.run.run_dir)
+    if run_dir.root.exists() and not run_dir.root.is_dir():
         raise ConfigError(f"--run_dir {run_dir} is a file, not a directory")
-    if (run_dir / "checkpoints" / "latest").exists() and not config.run.resume:
+    if run_dir.holds_run() and not config.run.resume:
         raise ConfigError(
             f"run directory {run_dir} already holds a run; pass --resume to continue it or "
             "choose another --run_dir"
@@ -72,7 +73,7 @@ def _claim_run_dir(config: TrainConfig, lock: RunDirLock) -> None:
     refusal = ""
     if ranks.rank() == 0:
         try:
-            lock.hold(Path(config.run.run_dir))
+            lock.hold(RunDir.at(config.run.run_dir))
             _check_run_dir(config)
         except (ConfigError, OutputError) as exc:
             refusal = str(exc)
@@ -97,9 +98,9 @@ def _print_summary(trainer: Trainer) -> None:
     except (ReportError, OutputError, OSError) as exc:
         summary = f"advpt: no summary of {run_dir}: {exc}"
     print(f"\n{summary}")
-    print(f"  checkpoints      {run_dir / 'checkpoints'}")
-    print(f"  metrics          {run_dir / 'metrics.jsonl'}")
-    print(f"  tensorboard      tensorboard --logdir {run_dir / 'tensorboard'}")
+    print(f"  checkpoints      {run_dir.checkpoints}")
+    print(f"  metrics          {run_dir.metrics}")
+    print(f"  tensorboard      tensorboard --logdir {run_dir.tensorboard}")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from advpt.command import command  # noqa: E402
 from advpt.config import DEBUG_HELP  # noqa: E402
 from advpt.errors import ConfigError  # noqa: E402
 from advpt.tasks import TASKS  # noqa: E402
+from advpt.training.run_dir import RunDir  # noqa: E402
 
 TASK_TITLES = {
     "secondary_structure": "Secondary structure",
@@ -102,7 +103,7 @@ def _pretrained_flags(path: str) -> list[str]:
 
 def finetune(args: argparse.Namespace, run_dir: Path, flags: list[str]) -> dict[str, Any]:
     """One ``advpt.finetune`` run in its own process, or its earlier results."""
-    results = run_dir / "results.json"
+    results = RunDir(run_dir).results
     if not results.exists():
         run_dir.mkdir(parents=True, exist_ok=True)
         if args.launcher:

@@ -39,11 +39,11 @@ def saved(tmp_path_factory, distributed, one_thread):
 @pytest.fixture
 def root(saved, tmp_path) -> Path:
     """A fresh copy of the saved run's checkpoints, to damage."""
-    return Path(shutil.copytree(saved.checkpoints, tmp_path / "checkpoints"))
+    return Path(shutil.copytree(saved.run_dir.checkpoints, tmp_path / "checkpoints"))
 
 
-def _resume(saved, root: Path, architecture: dict | None = None) -> str | None:
-    return checkpoint.resume_tag(root, saved.engines, architecture or saved.architecture())
+def _resume(saved, root: Path, identity: dict | None = None) -> str | None:
+    return checkpoint.resume_tag(root, saved.engines, identity or saved.checkpointer.identity)
 
 
 def _truncate(file: Path) -> None:
@@ -136,7 +136,7 @@ class _RunsCode:
 
 
 def test_another_model_is_refused_naming_both(saved, root):
-    other = {**saved.architecture(), "encoder": "small"}
+    other = {**saved.checkpointer.identity, "encoder": "small"}
     with pytest.raises(CheckpointError) as caught:
         _resume(saved, root, other)
     assert "encoder 'tiny' there, 'small' here" in str(caught.value)

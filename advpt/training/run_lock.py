@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from advpt.errors import ConfigError, cannot_write
-
-LOCK_FILE = ".lock"
+from advpt.training.run_dir import LOCK_FILE, RunDir
 
 
 class RunDirLock:
@@ -55,16 +54,15 @@ class RunDirLock:
         self._file.close()  # releases the lock
         self._file = self._created = None
 
-    def hold(self, run_dir: Path) -> None:
+    def hold(self, run_dir: RunDir) -> None:
         """Lock ``run_dir`` (created if missing) until this object is left or the process
         ends, or raise ``ConfigError`` naming the job that holds it (``OutputError`` if the
         directory cannot be made). A refused start writes nothing."""
-        run_dir = Path(run_dir)
-        path = run_dir / LOCK_FILE
-        created = not run_dir.exists()
+        path, root = run_dir.lock, run_dir.root
+        created = not root.exists()
         while True:
             try:
-                run_dir.mkdir(parents=True, exist_ok=True)
+                root.mkdir(parents=True, exist_ok=True)
                 file = open(path, "a+")  # noqa: SIM115 (kept open: the lock lasts as long as it)
             except OSError as err:
                 raise cannot_write(err, path) from None
@@ -84,7 +82,7 @@ class RunDirLock:
         file.truncate()
         file.write(json.dumps(_this_process()) + "\n")
         file.flush()
-        self._file, self._created = file, run_dir if created else None
+        self._file, self._created = file, root if created else None
 
 
 def _this_process() -> dict[str, object]:
