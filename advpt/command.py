@@ -41,7 +41,6 @@ from advpt.errors import (
     OutputError,
     ReportError,
 )
-from advpt.training.launch import environ_rank
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command ended by Ctrl-C
 
@@ -63,7 +62,7 @@ def rank() -> int:
     dist = sys.modules.get("torch.distributed")  # not imported: no process group either
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank()
-    return environ_rank(os.environ)
+    return int(os.environ.get("RANK", "0"))
 
 
 def debug_requested(argv: list[str] | None) -> bool:

@@ -88,9 +88,8 @@ def resolve_ds_config(
     """
     json_ = read_ds_config(config.deepspeed_config, FINETUNE)
     layout = BatchLayout.resolve({FINETUNE: json_}, ranks, config.batch_size, fit_micro=True)
-    ds = load_ds_config(
-        json_, layout.deepspeed_settings(FINETUNE), run_dir.tensorboard, FINETUNE, config.lr
-    )
+    batch, monitor = layout.deepspeed_settings(FINETUNE), run_dir.deepspeed_tensorboard
+    ds = load_ds_config(json_, batch, monitor, FINETUNE, config.lr)
     if ds.get("zero_optimization", {}).get("stage", 0) > 2:
         raise ConfigError(
             f"DeepSpeed config {config.deepspeed_config}: fine-tuning supports ZeRO stages 0-2 "

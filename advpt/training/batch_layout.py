@@ -40,6 +40,9 @@ class DeepSpeedJson:
 
 @dataclass(frozen=True)
 class BatchLayout:
+    """The run's batch: a global batch of ``micro_batch x accumulation[engine] x ranks``
+    sequences per optimizer step of each engine, ``growth_factor`` times that once grown."""
+
     micro_batch: int  # sequences per rank per forward pass, of both engines
     ranks: int
     accumulation: dict[str, int]  # each engine's micro-steps per optimizer step, before growth

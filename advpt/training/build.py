@@ -123,10 +123,9 @@ def build_trainer(
         same_accumulation=config.simultaneous,
     ).growing(s.max_steps, s.batch_growth_at, s.growth_factor)  # fmt: skip
     lrs = {"encoder": config.lr}  # the noiser's is its JSON's
+    monitor = run_dir.deepspeed_tensorboard
     deepspeed_configs = {
-        name: load_ds_config(
-            json_, layout.deepspeed_settings(name), run_dir.tensorboard, name, lrs.get(name)
-        )
+        name: load_ds_config(json_, layout.deepspeed_settings(name), monitor, name, lrs.get(name))
         for name, json_ in jsons.items()
     }
     source = init_source(config.model.init_from) if config.model.init_from else None

@@ -5,7 +5,8 @@ Layout under ``<run_dir>/checkpoints/``::
     encoder/<tag>/...       DeepSpeed checkpoint of the encoder engine (client_state: trainer state)
     noiser/<tag>/...        DeepSpeed checkpoint of the noiser engine
     rng/<tag>/rank<r>.pt    each rank's torch RNG states (dropout, Gumbel noise)
-    manifest/<tag>.json     every file of the checkpoint with its size, the model settings and
+    manifest/<tag>.json     every file of the checkpoint with its size, the model's identity
+                            (:func:`model_identity`: every encoder setting, the noiser's) and
                             each parameter's shape; written once every rank has written its part
     latest                  the tag of the newest *complete* checkpoint
 

@@ -63,14 +63,14 @@ def read_ds_config(name: str, job_name: str) -> DeepSpeedJson:
 def load_ds_config(
     json_: DeepSpeedJson,
     batch: dict[str, int],
-    tensorboard_dir: Path,
+    monitor_dir: Path,
     job_name: str,
     lr: float | None = None,
 ) -> dict[str, Any]:
     """The DeepSpeed config an engine is built from: ``json_`` with the batch layout's
     ``batch`` settings (``BatchLayout.deepspeed_settings``) and ``lr`` (the optimizer's peak,
-    unless None) applied, checked by DeepSpeed. DeepSpeed's own monitor writes under
-    ``tensorboard_dir`` as ``job_name`` unless the JSON names an output path, so each engine's
+    unless None) applied, checked by DeepSpeed. DeepSpeed's own monitor writes to
+    ``monitor_dir`` as ``job_name`` unless the JSON names an output path, so each engine's
     scalars land beside the run's own."""
     path, config = json_.path, copy.deepcopy(json_.settings)
     _check_optimizer_numbers(config, path)
@@ -83,7 +83,7 @@ def load_ds_config(
     _check_with_deepspeed(path, config)
     board = config.get("tensorboard")
     if isinstance(board, dict) and board.get("enabled"):
-        board.setdefault("output_path", str(tensorboard_dir / "deepspeed"))
+        board.setdefault("output_path", str(monitor_dir))
         board.setdefault("job_name", job_name)
     return config
 

@@ -76,12 +76,6 @@ class Launch:
         return f"set MASTER_PORT to a free one, e.g. MASTER_PORT={port}"
 
 
-def environ_rank(env: Mapping[str, str]) -> int:
-    """The ``RANK`` in ``env`` (0 without it): this process's rank before its process group
-    exists, as the torch-style launchers set it (:func:`discover` finds every launcher's)."""
-    return int(env.get("RANK", "0"))
-
-
 def free_port() -> int:
     """A TCP port of this machine no one listens on now."""
     with socket.socket() as s:

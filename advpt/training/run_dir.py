@@ -65,6 +65,11 @@ class RunDir:
         return self.root / "tensorboard"
 
     @property
+    def deepspeed_tensorboard(self) -> Path:
+        """Where DeepSpeed's own monitor writes, when a DeepSpeed JSON enables it."""
+        return self.tensorboard / "deepspeed"
+
+    @property
     def metrics_csv(self) -> Path:
         return self.root / "metrics.csv"
 
