@@ -364,7 +364,7 @@ def test_command_line_errors_are_one_line(tmp_path):
 
 
 def test_sweep_tabulates_two_encoders_and_reuses_finished_runs(tmp_path, distributed):
-    run = pretrain_tiny(tmp_path, tmp_path / "pretrain").run_dir
+    run = pretrain_tiny(tmp_path, tmp_path / "pretrain").run_dir.root
     data = write_task(tmp_path / "data", "fluorescence", "json")
     out = tmp_path / "sweep"
     command = [

@@ -402,7 +402,7 @@ def test_export_and_report_onto_a_full_file_system_are_one_sentence(
     from advpt.report import main as report
     from tests.helpers import pretrain_tiny
 
-    run_dir = pretrain_tiny(tmp_path, tmp_path / "run").run_dir
+    run_dir = pretrain_tiny(tmp_path, tmp_path / "run").run_dir.root
     capsys.readouterr()
     full = mount("full", "size=64k")
     assert export([str(run_dir), str(full / "model")]) == EXIT_BAD_INPUT

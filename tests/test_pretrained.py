@@ -103,7 +103,7 @@ with torch.no_grad():
 
 
 def test_export_round_trips_to_identical_outputs_without_deepspeed(tmp_path, distributed, capsys):
-    run_dir = pretrain_tiny(tmp_path, tmp_path / "run").run_dir
+    run_dir = pretrain_tiny(tmp_path, tmp_path / "run").run_dir.root
     out = tmp_path / "export"
     assert export_main([str(run_dir), str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
