@@ -57,12 +57,19 @@ from advpt.tasks import (  # noqa: E402
     score,
     task_spec,
 )
+from advpt.training.batch_layout import BatchLayout  # noqa: E402
 from advpt.training.build import init_distributed  # noqa: E402
 from advpt.training.consolidate import load_encoder  # noqa: E402
-from advpt.training.engines import build_engine, current_lr, load_ds_config  # noqa: E402
+from advpt.training.engines import (  # noqa: E402
+    build_engine,
+    current_lr,
+    load_ds_config,
+    read_ds_config,
+)
 from advpt.training.monitor import MetricsWriter  # noqa: E402
+from advpt.training.run_dir import RunDir, write_config  # noqa: E402
 
-MODEL_DIR = "model"  # the best-validation model: advpt.models.finetuned.load_task_model(DIR)
+FINETUNE = "finetune"  # the role of the model's DeepSpeed JSON and engine
 
 
 def head_config(config: FinetuneConfig) -> HeadConfig:
@@ -70,17 +77,20 @@ def head_config(config: FinetuneConfig) -> HeadConfig:
     return HeadConfig(config.head_hidden_size, config.head_dropout, config.pooling)
 
 
-def resolve_ds_config(config: FinetuneConfig, run_dir: Path) -> dict[str, Any]:
-    """The DeepSpeed JSON with ``--lr``, ``--weight_decay`` and ``--batch_size`` applied.
+def resolve_ds_config(
+    config: FinetuneConfig, run_dir: RunDir, ranks: int
+) -> tuple[BatchLayout, dict[str, Any]]:
+    """The batch layout on ``ranks`` ranks and the DeepSpeed JSON with ``--lr``,
+    ``--weight_decay`` and ``--batch_size`` applied.
 
     The global batch is split into the largest micro-batch (up to the JSON's) that divides it
     evenly over the ranks, times gradient accumulation, so every batch size of a sweep runs on
     any number of GPUs that divides it.
     """
-    ds = load_ds_config(
-        config.deepspeed_config, run_dir / "tensorboard", "finetune",
-        global_batch=config.batch_size, lr=config.lr, fit_micro=True,
-    )  # fmt: skip
+    json_ = read_ds_config(config.deepspeed_config, FINETUNE)
+    layout = BatchLayout.resolve({FINETUNE: json_}, ranks, config.batch_size, fit_micro=True)
+    batch, monitor = layout.deepspeed_settings(FINETUNE), run_dir.deepspeed_tensorboard
+    ds = load_ds_config(json_, batch, monitor, FINETUNE, config.lr)
     if ds.get("zero_optimization", {}).get("stage", 0) > 2:
         raise ConfigError(
             f"DeepSpeed config {config.deepspeed_config}: fine-tuning supports ZeRO stages 0-2 "
@@ -91,7 +101,7 @@ def resolve_ds_config(config: FinetuneConfig, run_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"DeepSpeed config {config.deepspeed_config} has no optimizer params")
     if config.weight_decay is not None:
         params["weight_decay"] = config.weight_decay
-    return ds
+    return layout, ds
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -151,10 +161,11 @@ class Finetuner:
     def __init__(self, config: FinetuneConfig, device: torch.device):
         self.config = config
         self.device = device
-        self.run_dir = Path(config.run_dir)
+        self.run_dir = RunDir.at(config.run_dir)
         self.is_main = rank() == 0
         self.spec: TaskSpec = task_spec(config.task, config.ss_label)
-        self.ds_config = resolve_ds_config(config, self.run_dir)
+        world = dist.get_world_size()
+        self.layout, self.ds_config = resolve_ds_config(config, self.run_dir, world)
         torch.manual_seed(config.seed)
         encoder = build_encoder(config)
         self.splits = {
@@ -168,8 +179,7 @@ class Finetuner:
             )  # fmt: skip
             for name in self.spec.splits
         }
-        place, world = rank(), dist.get_world_size()
-        micro = self.ds_config["train_micro_batch_size_per_gpu"]
+        place, micro = rank(), self.layout.micro_batch
         self.train_batches = LengthBucketedBatches(
             self.splits[TRAIN].token_lengths, micro, rank=place, world_size=world, seed=config.seed
         )
@@ -180,12 +190,12 @@ class Finetuner:
             ).epoch_batches(0)
             for name, split in self.splits.items()
         }  # fmt: skip
-        accumulation = self.ds_config["gradient_accumulation_steps"]
+        accumulation = self.layout.accumulation_steps(FINETUNE)
         self.steps_per_epoch = self.train_batches.batches_per_epoch() // accumulation
         if self.steps_per_epoch == 0:
             raise ConfigError(
                 f"the {len(self.splits[TRAIN])} training proteins make less than one batch of "
-                f"{self.ds_config['train_batch_size']}; lower --batch_size"
+                f"{self.layout.global_batch(FINETUNE)}; lower --batch_size"
             )
         self.total_steps = config.epochs * self.steps_per_epoch
         if config.max_steps:
@@ -211,7 +221,7 @@ class Finetuner:
     def _optimizer_step(self, stream) -> torch.Tensor:
         """One optimizer step: a full accumulation window; returns the mean micro-batch loss."""
         losses = []
-        for _ in range(self.engine.gradient_accumulation_steps()):
+        for _ in range(self.layout.accumulation_steps(FINETUNE)):
             batch = next(stream)
             out = self.engine(batch.tokens, batch.valid, batch.targets)
             self.engine.backward(out.loss)
@@ -263,7 +273,7 @@ class Finetuner:
             "seed": self.config.seed,
             "lr": self.ds_config["optimizer"]["params"]["lr"],
             "weight_decay": self.ds_config["optimizer"]["params"]["weight_decay"],
-            "batch_size": self.ds_config["train_batch_size"],
+            "batch_size": self.layout.global_batch(FINETUNE),
             "steps": step,
             "best_step": best["step"],
             "stopped_early": step < self.total_steps,
@@ -282,21 +292,16 @@ def _cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def run_finetune(config: FinetuneConfig, device: torch.device) -> dict[str, Any]:
     """One fine-tuning run in an initialised process group; rank 0 writes the run directory."""
     finetuner = Finetuner(config, device)
-    run_dir = Path(config.run_dir)
+    run_dir = finetuner.run_dir
     if finetuner.is_main:
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
-            (run_dir / "ds_config.json").write_text(json.dumps(finetuner.ds_config, indent=2))
-        except WRITE_ERRORS as err:
-            raise cannot_write(err, run_dir) from err
+        write_config(run_dir, dataclasses.asdict(config), {FINETUNE: finetuner.ds_config})
     results = finetuner.train()
     if finetuner.is_main:
         try:
             if config.save_model:
                 task = {"task": results["task"], "label": results["label"]}
-                save_task_model(finetuner.engine.module, run_dir / MODEL_DIR, task)
-            (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+                save_task_model(finetuner.engine.module, run_dir.model, task)
+            run_dir.results.write_text(json.dumps(results, indent=2) + "\n")
         except WRITE_ERRORS as err:
             raise cannot_write(err, run_dir) from err
     return results
@@ -314,10 +319,10 @@ def _summary(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Exit code 0, or 2 with one sentence naming the input, setting or file that failed."""
     config = parse(FinetuneConfig, argv)
-    run_dir = Path(config.run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
+    run_dir = RunDir.at(config.run_dir)
+    if run_dir.root.exists() and not run_dir.root.is_dir():
         raise ConfigError(f"--run_dir {run_dir} is a file, not a directory")
-    if (run_dir / "results.json").exists():
+    if run_dir.results.exists():
         raise ConfigError(
             f"run directory {config.run_dir} already holds results; choose another --run_dir"
         )
@@ -325,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run_finetune(config, device)
     if rank() == 0:
         print(_summary(results))
-        print(f"results:         {run_dir / 'results.json'}")
+        print(f"results:         {run_dir.results}")
     dist.barrier()
     dist.destroy_process_group()
     return 0

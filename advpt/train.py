@@ -24,6 +24,7 @@ from advpt.training import ranks  # noqa: E402
 from advpt.training.build import build_trainer, init_distributed  # noqa: E402
 from advpt.training.checkpoint import checkpoint_tag  # noqa: E402
 from advpt.training.preemption import StopSignals  # noqa: E402
+from advpt.training.run_dir import RunDir  # noqa: E402
 from advpt.training.run_lock import RunDirLock  # noqa: E402
 from advpt.training.summary import report_run  # noqa: E402
 from advpt.training.trainer import Trainer  # noqa: E402
@@ -56,19 +57,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def _check_run_dir(config: TrainConfig) -> None:
     """Refuse an unusable run directory before anything is built."""
-    run_dir = Path(config.run.run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
+    run_dir = RunDir.at(config.run.run_dir)
+    if run_dir.root.exists() and not run_dir.root.is_dir():
         raise ConfigError(f"--run_dir {run_dir} is a file, not a directory")
-    if run_dir.is_dir():
+    if run_dir.root.is_dir():
         # A link to a file, or a dangling one, would have the run's files written through it
         # (a link to a directory, such as checkpoints on another disk, is the user's choice).
-        link = next((p for p in run_dir.iterdir() if p.is_symlink() and not p.is_dir()), None)
+        found = (p for p in run_dir.root.iterdir() if p.is_symlink() and not p.is_dir())
+        link = next(found, None)
         if link is not None:
             raise ConfigError(
                 f"run directory {run_dir} holds {link.name}, a symbolic link to a file; advpt "
                 "writes no file through a link: remove it"
             )
-    if (run_dir / "checkpoints" / "latest").exists() and not config.run.resume:
+    if run_dir.holds_run() and not config.run.resume:
         raise ConfigError(
             f"run directory {run_dir} already holds a run; pass --resume to continue it or "
             "choose another --run_dir"
@@ -82,7 +84,7 @@ def _claim_run_dir(config: TrainConfig, lock: RunDirLock) -> None:
     refusal = ""
     if ranks.rank() == 0:
         try:
-            lock.hold(Path(config.run.run_dir))
+            lock.hold(RunDir.at(config.run.run_dir))
             _check_run_dir(config)
         except (ConfigError, OutputError) as exc:
             refusal = str(exc)
@@ -107,9 +109,9 @@ def _print_summary(trainer: Trainer) -> None:
     except (ReportError, OutputError, OSError) as exc:
         summary = f"advpt: no summary of {run_dir}: {exc}"
     print(f"\n{summary}")
-    print(f"  checkpoints      {run_dir / 'checkpoints'}")
-    print(f"  metrics          {run_dir / 'metrics.jsonl'}")
-    print(f"  tensorboard      tensorboard --logdir {run_dir / 'tensorboard'}")
+    print(f"  checkpoints      {run_dir.checkpoints}")
+    print(f"  metrics          {run_dir.metrics}")
+    print(f"  tensorboard      tensorboard --logdir {run_dir.tensorboard}")
 
 
 if __name__ == "__main__":

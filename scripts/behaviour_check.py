@@ -21,6 +21,7 @@ from pathlib import Path
 
 from advpt.training.engines import simple_ds_config
 from advpt.training.monitor import WALL_CLOCK_KEYS
+from advpt.training.run_dir import RunDir
 from advpt.variants import VARIANTS
 
 SCHEDULES = ["random", "alternating", "context-warmup", "simultaneous", "importance"]
@@ -49,7 +50,7 @@ def fingerprint(variant: str, work: Path) -> list[dict]:
     )
     if done.returncode != 0:
         raise SystemExit(f"{variant}: training failed:\n{done.stderr[-3000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in RunDir(run_dir).metrics.read_text().splitlines()]
     return [{k: v for k, v in r.items() if k not in WALL_CLOCK_KEYS} for r in rows]
 
 

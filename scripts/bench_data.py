@@ -45,6 +45,7 @@ from advpt.data.cache import locate
 from advpt.data.prepare import prepare
 from advpt.data.prepared import ProteinDataset
 from advpt.training.engines import simple_ds_config
+from advpt.training.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -140,7 +141,7 @@ def run_until_step(command: list[str], run_dir: Path, step: int, timeout: float 
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     first = None
-    metrics = run_dir / "metrics.jsonl"
+    metrics = RunDir(run_dir).metrics
     while time.perf_counter() - start < timeout:
         if process.poll() is not None:
             raise RuntimeError(f"{command[:3]} exited: {process.stderr.read()[-3000:]}")

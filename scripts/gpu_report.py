@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from advpt.training.run_dir import RunDir
+
 STAGES = ("stage1", "stage2")
 # Goals of issue 15 and docs/benchmarks.md.
 SAMPLER_CELL = (256, 512)  # batch x length of the sampler goal
@@ -58,7 +60,7 @@ def _quickstarts(raw: Path) -> dict[str, Any]:
     """First and last logged losses, validation and throughput of each quickstart run."""
     runs = {}
     for run_dir in sorted(raw.glob("quickstart-*")):
-        metrics = run_dir / "metrics.jsonl"
+        metrics = RunDir(run_dir).metrics
         records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
         losses = [r["encoder_loss"] for r in records if "encoder_loss" in r]
         validation = [r for r in records if "val_loss" in r]

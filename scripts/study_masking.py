@@ -315,8 +315,8 @@ def train_job(arm: str, seed: int, size: Size, runs: Path, data: str) -> dict:
     """Train ``arm`` with ``seed``; keep its final encoder's weights for scoring."""
     print(f"study: seed {seed}: training {arm} ...", flush=True)
     trainer = train(arm, size, runs / f"{arm}-seed{seed}", seed, data)
-    torch.save(trainer.encoder.module.state_dict(), trainer.run_dir / "encoder.pt")
-    metrics = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").open()]
+    torch.save(trainer.encoder.module.state_dict(), trainer.run_dir.root / "encoder.pt")
+    metrics = [json.loads(line) for line in trainer.run_dir.metrics.open()]
     print(f"study: seed {seed}: {arm}: {trainer.counters.train_seconds:.0f} s", flush=True)
     return {
         "arm": arm, "seed": seed,

@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 from advpt.command import DEBUG_HELP, command  # noqa: E402
 from advpt.errors import ConfigError  # noqa: E402
 from advpt.tasks import TASKS  # noqa: E402
+from advpt.training.run_dir import RunDir  # noqa: E402
 
 TASK_TITLES = {
     "secondary_structure": "Secondary structure",
@@ -101,7 +102,7 @@ def _pretrained_flags(path: str) -> list[str]:
 
 def finetune(args: argparse.Namespace, run_dir: Path, flags: list[str]) -> dict[str, Any]:
     """One ``advpt.finetune`` run in its own process, or its earlier results."""
-    results = run_dir / "results.json"
+    results = RunDir(run_dir).results
     if not results.exists():
         run_dir.mkdir(parents=True, exist_ok=True)
         if args.launcher:

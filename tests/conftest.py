@@ -55,7 +55,7 @@ def session_run(tmp_path_factory, distributed):
     from tests.helpers import pretrain_tiny
 
     tmp = tmp_path_factory.mktemp("finished")
-    return pretrain_tiny(tmp, tmp / "run").run_dir
+    return pretrain_tiny(tmp, tmp / "run").run_dir.root
 
 
 @pytest.fixture

@@ -134,7 +134,8 @@ def test_long_values_in_messages_are_shortened(tmp_path):
 )
 def test_deepspeed_batch_settings_must_be_positive_integers(tmp_path, key, value):
     from advpt.errors import ConfigError
-    from advpt.training.engines import load_ds_config
+    from advpt.training.batch_layout import BatchLayout
+    from advpt.training.engines import read_ds_config
 
     path = tmp_path / "ds.json"
     write_ds_config(path)
@@ -142,7 +143,7 @@ def test_deepspeed_batch_settings_must_be_positive_integers(tmp_path, key, value
     config[key] = value
     path.write_text(json.dumps(config))
     with pytest.raises(ConfigError) as caught:
-        load_ds_config(str(path), tmp_path, "encoder")
+        BatchLayout.resolve({"encoder": read_ds_config(str(path), "encoder")}, 1)
     assert str(caught.value) == (
         f"DeepSpeed config {path}: {key} must be a positive integer, not {json.dumps(value)}"
     )

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from advpt.errors import CheckpointError
+from advpt.models import ENCODER_PRESETS
 from advpt.training import checkpoint
 from tests.helpers import REPO, build_tiny_trainer, child_env, run_in_process, tiny_run_args
 
@@ -39,11 +40,11 @@ def saved(tmp_path_factory, distributed):
 @pytest.fixture
 def root(saved, tmp_path) -> Path:
     """A fresh copy of the saved run's checkpoints, to damage."""
-    return Path(shutil.copytree(saved.checkpoints, tmp_path / "checkpoints"))
+    return Path(shutil.copytree(saved.run_dir.checkpoints, tmp_path / "checkpoints"))
 
 
-def _resume(saved, root: Path, architecture: dict | None = None) -> str | None:
-    return checkpoint.resume_tag(root, saved.engines, architecture or saved.architecture())
+def _resume(saved, root: Path, identity: dict | None = None) -> str | None:
+    return checkpoint.resume_tag(root, saved.engines, identity or saved.checkpointer.identity)
 
 
 def _truncate(file: Path) -> None:
@@ -136,7 +137,7 @@ class _RunsCode:
 
 
 def test_another_model_is_refused_naming_both(saved, root):
-    other = {**saved.architecture(), "encoder": "small"}
+    other = {**saved.checkpointer.identity, "encoder": "small"}
     with pytest.raises(CheckpointError) as caught:
         _resume(saved, root, other)
     assert "encoder 'tiny' there, 'small' here" in str(caught.value)
@@ -157,6 +158,40 @@ def test_retention_keeps_the_newest_and_a_repeated_tag_changes_nothing(saved, ro
     before = (root / "encoder" / "step00000003" / MODEL_FILE).read_bytes()
     checkpoint.save_checkpoint(root, "step00000003", saved.engines, {}, 1, {})
     assert (root / "encoder" / "step00000003" / MODEL_FILE).read_bytes() == before
+
+
+def test_a_manifest_naming_its_encoder_preset_still_resumes_and_loads(saved, root):
+    """Checkpoints written before every encoder setting was recorded name the preset instead."""
+    for tag in ("step00000001", "step00000002", "step00000003"):
+        manifest = root / "manifest" / f"{tag}.json"
+        content = json.loads(manifest.read_text())
+        assert content["architecture"]["encoder"]["hidden_size"] == 32  # every setting
+        content["architecture"] = {"encoder": "tiny"}
+        manifest.write_text(json.dumps(content))
+    assert _resume(saved, root) == "step00000003"
+    assert checkpoint.recorded_encoder(root, "step00000003") == ENCODER_PRESETS["tiny"]
+    with pytest.raises(CheckpointError, match="encoder 'tiny' there, 'small' here"):
+        _resume(saved, root, {"encoder": "small"})
+
+
+def test_a_checkpoint_from_before_the_batch_layout_counts_one_ranks_micro_batches(saved, tmp_path):
+    """Trainer states without a layout counted the data position in one rank's micro-batches:
+    resumed, it is multiplied by the ranks that wrote them."""
+    run_dir = Path(shutil.copytree(saved.run_dir, tmp_path / "run"))
+    root, tag = run_dir / "checkpoints", "step00000003"
+    file = root / "encoder" / tag / MODEL_FILE
+    state = torch.load(file, weights_only=False)
+    del state["trainer"]["layout"]
+    torch.save(state, file)
+    manifest = root / "manifest" / f"{tag}.json"
+    content = json.loads(manifest.read_text())
+    content["files"][f"encoder/{tag}/{MODEL_FILE}"] = file.stat().st_size
+    content["world_size"] = 2  # written by two ranks, each at micro-batch 3 of its own
+    manifest.write_text(json.dumps(content))
+    schedule = ["--mode", "random", "--max_steps", "4", "--checkpoint_every", "1", "--resume"]
+    trainer = build_tiny_trainer(tmp_path, *schedule, run_dir=run_dir)
+    assert trainer.restore() and trainer.counters.micro_batches == 6
+    assert trainer.layout.describe(4).startswith("global batch 8 sequences")  # no change noted
 
 
 def _limit_file_size(limit: int):

@@ -12,7 +12,8 @@ from advpt.config.finetune import FinetuneConfig
 from advpt.config.pretrain import TrainConfig
 from advpt.config.section import field_docs
 from advpt.errors import ConfigError
-from advpt.training.engines import build_engine, current_lr, load_ds_config
+from advpt.training.batch_layout import BatchLayout, DeepSpeedJson
+from advpt.training.engines import build_engine, current_lr, load_ds_config, read_ds_config
 from tests.helpers import REPO, build_tiny_trainer, child_env, launcher_command, tiny_run_args
 
 
@@ -24,14 +25,17 @@ def test_every_shipped_config_loads_by_short_name_from_another_directory(
 ):
     monkeypatch.chdir(tmp_path)
     encoder = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3}
-    config = load_ds_config(name, tmp_path, role, batch_from=encoder)
+    jsons = {"encoder": DeepSpeedJson("mine", "mine.json", encoder)} if role == "noiser" else {}
+    jsons[role] = read_ds_config(name, role)
+    layout = BatchLayout.resolve(jsons, 1)
+    config = load_ds_config(jsons[role], layout.deepspeed_settings(role), tmp_path, role)
     shipped = json.loads((REPO / "ds_configs" / role / f"{name}.json").read_text())
     assert config["optimizer"] == shipped["optimizer"]
     if role == "noiser":  # states no batch settings: follows the encoder's
         assert config["train_micro_batch_size_per_gpu"] == 4
         assert config["gradient_accumulation_steps"] == 3
     elif role == "encoder":  # micro-batch (x accumulation) per rank, so any world size works
-        assert "train_batch_size" not in config
+        assert "train_batch_size" not in shipped
         assert config["train_micro_batch_size_per_gpu"] == shipped["train_micro_batch_size_per_gpu"]
     if name == "gpu-fp16":
         assert config["fp16"]["loss_scale"] == 0  # dynamic loss scaling
@@ -39,15 +43,17 @@ def test_every_shipped_config_loads_by_short_name_from_another_directory(
 
 def test_auto_paths_and_unknown_names(tmp_path, monkeypatch, distributed):
     monkeypatch.chdir(tmp_path)
-    cpu = load_ds_config("cpu", tmp_path, "encoder")
-    assert load_ds_config("auto", tmp_path, "encoder") == cpu  # the CPU accelerator here
-    own = {**cpu, "train_micro_batch_size_per_gpu": 2}
+    cpu = read_ds_config("cpu", "encoder")
+    assert read_ds_config("auto", "encoder").settings == cpu.settings  # the CPU accelerator here
+    own = {**cpu.settings, "train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 3}
     (tmp_path / "mine.json").write_text(json.dumps(own))
-    assert load_ds_config("mine.json", tmp_path, "encoder")["train_micro_batch_size_per_gpu"] == 2
+    mine = read_ds_config("mine.json", "noiser")
+    assert mine.settings == own
     # a noiser JSON that states its own batch keeps it
-    assert load_ds_config("mine.json", tmp_path, "noiser", batch_from=cpu) == own
+    layout = BatchLayout.resolve({"encoder": cpu, "noiser": mine}, 1)
+    assert layout.accumulation == {"encoder": 1, "noiser": 3}
     with pytest.raises(ConfigError) as error:
-        load_ds_config("gpu-bf17", tmp_path, "encoder")
+        read_ds_config("gpu-bf17", "encoder")
     assert str(error.value) == (
         "DeepSpeed config gpu-bf17 is neither a file nor a shipped encoder config "
         "(cpu, cpu-bf16, gpu-bf16, gpu-fp16, gpu-lamb)"

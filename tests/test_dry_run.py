@@ -47,7 +47,7 @@ from advpt.training.monitor import MetricsAccumulator
 from advpt.training.objective import AdversarialObjective
 from advpt.training.phases import PHASES
 from advpt.training.schedule import ENCODER, JOINT, NOISER, RANDOM
-from advpt.training.trainer import validation_sums
+from advpt.training.validation import validation_sums
 from advpt.variants import VARIANTS
 from tests.helpers import REPO
 

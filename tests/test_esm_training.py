@@ -48,7 +48,7 @@ def test_continued_adversarial_pretraining_exports_to_transformers(tmp_path, dis
     assert ESM.is_residue(batch.inputs[corrupted]).all()
     trainer.train()
 
-    run_dir = trainer.run_dir
+    run_dir = trainer.run_dir.root
     trained = load_model(run_dir)
     start_embedding = reference.esm.embeddings.word_embeddings.weight
     assert not torch.equal(trained.encoder.token_embedding.weight, start_embedding)

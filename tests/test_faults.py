@@ -221,11 +221,12 @@ def test_one_rank_dying_ends_the_whole_job(tmp_path):
 
 def test_metrics_of_a_resumed_run_drop_a_torn_last_line(tmp_path):
     from advpt.training.monitor import MetricsWriter
+    from advpt.training.run_dir import RunDir
 
     (tmp_path / "metrics.jsonl").write_text(
         json.dumps({"step": 1, "x": 1}) + "\n" + json.dumps({"step": 2}) + "\n" + '{"step": 3, "x'
     )
-    MetricsWriter(tmp_path, enabled=True, resume=(2, 1)).close()
+    MetricsWriter(RunDir(tmp_path), enabled=True, resume=(2, 1)).close()
     assert read_metrics(tmp_path) == [{"step": 1, "x": 1}, {"step": 2}]
 
 

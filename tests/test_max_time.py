@@ -129,7 +129,7 @@ def test_a_run_stops_mid_way_leaving_time_for_its_save(tmp_path, distributed):
     left = deadline - time.time()
     assert trainer.stopped_by == WALL_CLOCK and trainer.counters.step > 1
     assert 0 < left < trainer.wall_clock.margin(save_due=False)
-    latest = (trainer.checkpoints / "latest").read_text().strip()
+    latest = (trainer.run_dir.checkpoints / "latest").read_text().strip()
     assert latest == f"step{trainer.counters.step:08d}"
 
 

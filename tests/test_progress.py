@@ -4,15 +4,9 @@ import io
 
 import pytest
 
+from advpt.training.batch_layout import BatchLayout
 from advpt.training.progress import Progress
-from advpt.training.schedule import (
-    ENCODER,
-    AlternatingSchedule,
-    batch_growth,
-    describe_batch,
-    first_grown_step,
-    make_schedule,
-)
+from advpt.training.schedule import ENCODER, AlternatingSchedule, make_schedule
 
 
 class Terminal(io.StringIO):
@@ -93,13 +87,20 @@ def test_total_steps_count_both_phases(noiser_steps, encoder_steps, adversarial)
 
 
 def test_the_batch_sentence_names_its_parts_and_when_it_grows():
-    assert describe_batch(16, 1, 2, 200, 0.8, 2) == (
+    def layout(micro, accumulation, ranks, max_steps, grow_at, factor):
+        plain = BatchLayout(micro, ranks, {"encoder": accumulation})
+        return plain.growing(max_steps, grow_at, factor)
+
+    assert layout(16, 1, 2, 200, 0.8, 2).describe(200) == (
         "global batch 32 sequences = micro-batch 16 x 1 accumulation step(s) x 2 rank(s); from "
         "encoder step 161 of 200 it grows to 64 through accumulation (the paper's schedule; "
         "--batch_growth false keeps it)"
     )
-    assert describe_batch(8, 4, 1, 10, 0.8, 1).endswith("x 1 rank(s), for the whole run")
-    assert describe_batch(8, 4, 1, 10, 1.0, 2).endswith(", for the whole run")
+    assert layout(8, 4, 1, 10, 0.8, 1).describe(10).endswith("x 1 rank(s), for the whole run")
+    assert layout(8, 4, 1, 10, 1.0, 2).describe(10).endswith(", for the whole run")
     for max_steps, grow_at in ((200, 0.8), (7, 0.3), (10, 0.55), (3, 0.0)):
-        grown = [step for step in range(max_steps) if batch_growth(step, max_steps, grow_at, 2) > 1]
-        assert first_grown_step(max_steps, grow_at) == grown[0] + 1  # steps counted from 1
+        grows = layout(8, 1, 1, max_steps, grow_at, 2)
+        grown = [step for step in range(max_steps) if step >= grow_at * max_steps]  # the paper's
+        assert [step for step in range(max_steps) if grows.grown(step)] == grown
+        assert grows.global_batch(grown=True) == 2 * grows.global_batch() == 16
+        assert f"from encoder step {grown[0] + 1} of" in grows.describe(max_steps)

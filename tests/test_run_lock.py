@@ -19,6 +19,7 @@ import pytest
 
 from advpt.errors import ConfigError
 from advpt.train import main as train_main
+from advpt.training.run_dir import RunDir
 from advpt.training.run_lock import LOCK_FILE, RunDirLock, _is_still
 from tests.helpers import REPO, child_env, launcher_command, read_metrics, tiny_run_args
 
@@ -33,17 +34,17 @@ SHORT = [*LONG[:1], "4", *LONG[2:]]
 def test_a_held_lock_refuses_a_second_holder_naming_the_first(tmp_path):
     run_dir = tmp_path / "run"
     with RunDirLock() as first:
-        first.hold(run_dir)
+        first.hold(RunDir(run_dir))
         holder = json.loads((run_dir / LOCK_FILE).read_text())
         assert holder["pid"] == os.getpid() and holder["host"] and holder["started"]
         with RunDirLock() as second, pytest.raises(ConfigError) as refused:
-            second.hold(run_dir)
+            second.hold(RunDir(run_dir))
         assert str(refused.value).startswith(f"run directory {run_dir} is in use: process ")
         assert f"process {os.getpid()} on host {holder['host']}" in str(refused.value)
         assert json.loads((run_dir / LOCK_FILE).read_text()) == holder  # the refusal wrote nothing
     assert not run_dir.exists()  # created for a run that wrote nothing: removed again
     with RunDirLock() as again:  # released: the next start takes it
-        again.hold(run_dir)
+        again.hold(RunDir(run_dir))
         (run_dir / "config.json").write_text("{}")
     assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_FILE, "config.json"]
 

@@ -112,12 +112,6 @@ ENCODER_PRESETS: dict[str, EncoderConfig] = {
 EncoderPreset = Literal[tuple(ENCODER_PRESETS)]  # the --encoder choices
 
 
-def preset_of(cfg: EncoderConfig) -> str | None:
-    """The name of the preset ``cfg`` is (activation checkpointing aside), or None."""
-    plain = dataclasses.replace(cfg, activation_checkpointing=0)
-    return next((name for name, preset in ENCODER_PRESETS.items() if preset == plain), None)
-
-
 class Rows(NamedTuple):
     """The ``N`` positions a forward pass returns states for (the masked ones, in MLM training).
 

@@ -29,11 +29,15 @@ from advpt.errors import CheckpointError, ConfigError
 from advpt.models import ENCODER_PRESETS, EncoderConfig, MaskedLanguageModel, build_noiser
 from advpt.tokenizer import Vocabulary
 from advpt.training import ranks
+from advpt.training.batch_layout import BatchLayout
+from advpt.training.checkpoint import model_identity
+from advpt.training.checkpointer import Checkpointer
 from advpt.training.compilation import compile_engine
 from advpt.training.consolidate import load_model
-from advpt.training.engines import build_engine, load_ds_config
+from advpt.training.engines import build_engine, load_ds_config, read_ds_config
 from advpt.training.launch import check_meeting_point, discover, free_port, rendezvous_timeout
 from advpt.training.preemption import StopSignals
+from advpt.training.run_dir import RunDir
 from advpt.training.schedule import noiser_lr_steps, random_only_steps
 from advpt.training.trackers import check_available
 from advpt.training.trainer import Trainer
@@ -108,32 +112,43 @@ def init_distributed() -> torch.device:
 def build_trainer(
     config: TrainConfig, device: torch.device, stop_signals: StopSignals | None = None
 ) -> Trainer:
-    """Data, models and engines for ``config`` (validated: it may have been built in code)."""
+    """Data, models and engines for ``config`` (validated: it may have been built in code), with
+    the batch layout resolved on this process group."""
     config.validate()
     check_available(config.run.trackers)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    board_dir = Path(config.run.run_dir) / "tensorboard"
-    batch = {"global_batch": config.global_batch, "micro_batch": config.micro_batch}
-    encoder_ds = load_ds_config(
-        config.deepspeed_config, board_dir, "encoder", lr=config.lr, **batch
-    )
-    micro_batch = encoder_ds["train_micro_batch_size_per_gpu"]
-    noiser_ds = None
+    run_dir, s = RunDir.at(config.run.run_dir), config.optim
+    jsons = {"encoder": read_ds_config(config.deepspeed_config, "encoder")}
     if config.adversarial:
-        noiser_ds = load_ds_config(
-            config.noiser_deepspeed_config, board_dir, "noiser", batch_from=encoder_ds, **batch
-        )
-        if noiser_ds["train_micro_batch_size_per_gpu"] != micro_batch:
-            raise ConfigError(
-                f"DeepSpeed configs {config.deepspeed_config} and {config.noiser_deepspeed_config}"
-                " must set the same train_micro_batch_size_per_gpu (both engines see one batch)"
-            )
-
+        jsons["noiser"] = read_ds_config(config.noiser_deepspeed_config, "noiser")
+    layout = BatchLayout.resolve(
+        jsons, dist.get_world_size(), config.global_batch, config.micro_batch,
+        same_accumulation=config.simultaneous,
+    ).growing(s.max_steps, s.batch_growth_at, s.growth_factor)  # fmt: skip
+    lrs = {"encoder": config.lr}  # the noiser's is its JSON's
+    monitor = run_dir.deepspeed_tensorboard
+    deepspeed_configs = {
+        name: load_ds_config(json_, layout.deepspeed_settings(name), monitor, name, lrs.get(name))
+        for name, json_ in jsons.items()
+    }
     source = init_source(config.model.init_from) if config.model.init_from else None
     encoder_cfg = encoder_config(config.model, source)
-    stream, validation = build_data(config, micro_batch, rank, world, encoder_cfg.vocabulary)
-    encoder, noiser = build_engines(config, encoder_ds, noiser_ds, encoder_cfg, source)
-    return Trainer(config, encoder, noiser, stream, validation, device, stop_signals)
+    stream, validation = build_data(
+        config, layout.micro_batch, dist.get_rank(), layout.ranks, encoder_cfg.vocabulary
+    )
+    engines = build_engines(config, deepspeed_configs, encoder_cfg, source)
+    m = config.model
+    noiser = dict(noiser=m.noiser, noiser_arch=m.noiser_arch,
+                  noiser_bidirectional=m.noiser_bidirectional,
+                  noiser_context_only=m.noiser_context_only)  # fmt: skip
+    identity = model_identity(encoder_cfg, noiser if config.adversarial else None)
+    checkpointer = Checkpointer(
+        run_dir, engines, identity, config.run.checkpoint_every, config.run.keep_checkpoints,
+        global_batch_given=config.global_batch is not None,
+    )  # fmt: skip
+    return Trainer(
+        config, engines, deepspeed_configs, layout, checkpointer, stream, validation, device,
+        stop_signals,
+    )  # fmt: skip
 
 
 def open_data(d: DataConfig) -> tuple[ProteinDataset, ClusterIndex | None]:
@@ -174,20 +189,23 @@ def build_data(
 
 def build_engines(
     config: TrainConfig,
-    encoder_ds: dict[str, Any],
-    noiser_ds: dict[str, Any] | None,
+    deepspeed_configs: dict[str, dict[str, Any]],
     encoder_cfg: EncoderConfig,
     source: MaskedLanguageModel | None = None,
-) -> tuple[deepspeed.DeepSpeedEngine, deepspeed.DeepSpeedEngine | None]:
+) -> dict[str, deepspeed.DeepSpeedEngine]:
     """The encoder's engine (``encoder_cfg``, holding ``source``'s weights when given) and, in
-    adversarial runs, the noiser's, seeded by ``config``; compiled with ``--compile``."""
+    adversarial runs, the noiser's, seeded by ``config``, from their ``deepspeed_configs``;
+    compiled with ``--compile``."""
     torch.manual_seed(config.run.seed)
     s, method = config.optim, config.method
     model = MaskedLanguageModel(encoder_cfg)
     if source is not None:
         model.load_state_dict(source.state_dict())
-    encoder = build_engine(model, encoder_ds, s.warmup_steps, s.max_steps, s.min_lr_ratio)
-    noiser = None
+    engines = {
+        "encoder": build_engine(
+            model, deepspeed_configs["encoder"], s.warmup_steps, s.max_steps, s.min_lr_ratio
+        )
+    }
     if config.adversarial:
         m = config.model
         played = s.max_steps - random_only_steps(s.max_steps, method.noiser_start_at)
@@ -199,20 +217,14 @@ def build_engines(
             m.noiser_arch, m.noiser, encoder_cfg.vocabulary, m.noiser_bidirectional,
             m.noiser_context_only,
         )  # fmt: skip
-        noiser = build_engine(noiser_model, noiser_ds, warmup, total, s.min_lr_ratio)
-        if config.simultaneous and (
-            noiser.gradient_accumulation_steps() != encoder.gradient_accumulation_steps()
-        ):
-            raise ConfigError(
-                f"the simultaneous schedule steps both engines together, so DeepSpeed configs "
-                f"{config.deepspeed_config} and {config.noiser_deepspeed_config} must give the "
-                "same gradient accumulation (train_batch_size)"
-            )
+        engines["noiser"] = build_engine(
+            noiser_model, deepspeed_configs["noiser"], warmup, total, s.min_lr_ratio
+        )
     if config.model.compile:
-        compile_engine(encoder, config.deepspeed_config)
-        if noiser is not None:
-            compile_engine(noiser, config.noiser_deepspeed_config)
-    return encoder, noiser
+        compile_engine(engines["encoder"], config.deepspeed_config)
+        if "noiser" in engines:
+            compile_engine(engines["noiser"], config.noiser_deepspeed_config)
+    return engines
 
 
 DEFAULT_ENCODER = "tape-base"  # the encoder preset of a run that names none and has no --init_from

@@ -5,7 +5,8 @@ Layout under ``<run_dir>/checkpoints/``::
     encoder/<tag>/...       DeepSpeed checkpoint of the encoder engine (client_state: trainer state)
     noiser/<tag>/...        DeepSpeed checkpoint of the noiser engine
     rng/<tag>/rank<r>.pt    each rank's torch RNG states (dropout, Gumbel noise)
-    manifest/<tag>.json     every file of the checkpoint with its size, the model settings and
+    manifest/<tag>.json     every file of the checkpoint with its size, the model's identity
+                            (:func:`model_identity`: every encoder setting, the noiser's) and
                             each parameter's shape; written once every rank has written its part
     latest                  the tag of the newest *complete* checkpoint
 
@@ -34,9 +35,9 @@ is the job's global count of micro-batches (``advpt.data.stream``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
-import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -51,13 +52,15 @@ from deepspeed.runtime.zero.config import ZeroStageEnum
 from deepspeed.utils.tensor_fragment import fragment_address
 
 from advpt.errors import CheckpointError, first_line, shorten
-from advpt.safe_load import load_weights_only
+from advpt.models.encoder import ENCODER_PRESETS, EncoderConfig
+from advpt.safe_load import load_weights_only, read_json
 from advpt.training import ranks
 from advpt.training.reshard import (
     check_reshardable,
     load_partitioned_optimizer,
     partitioned,
 )
+from advpt.training.run_dir import LATEST, write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +71,7 @@ MANIFEST = "manifest"
 RNG = "rng"
 
 Engines = dict[str, deepspeed.DeepSpeedEngine]
+_ARCHITECTURE = EncoderConfig().architecture().keys()  # what an encoder computes
 
 
 def checkpoint_tag(step: int) -> str:
@@ -76,7 +80,7 @@ def checkpoint_tag(step: int) -> str:
 
 def latest_tag(root: Path) -> str | None:
     """What ``root/latest`` names (None without one; '' when it is empty)."""
-    marker = root / "latest"
+    marker = root / LATEST
     try:
         return marker.read_text().strip() if marker.is_file() else None
     except (OSError, UnicodeDecodeError) as err:
@@ -185,7 +189,7 @@ def _agree(root: Path, tag: str, failure: _Failure | None, previous: str | None)
     kept = f"still names {previous}" if previous else "was not written"
     raise CheckpointError(
         f"saving checkpoint {tag}{where} failed ({reason}); its partial files were removed and "
-        f"{root / 'latest'} {kept}"
+        f"{root / LATEST} {kept}"
     ) from (failure and failure.err)
 
 
@@ -204,16 +208,6 @@ def _write_manifest(root: Path, tag: str, architecture: dict[str, Any], engines:
         "files": files,
     }
     write_atomically(root / MANIFEST / f"{tag}.json", json.dumps(manifest, indent=1) + "\n")
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``path`` atomically: readers see the old content or the whole new one."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def save_checkpoint(
@@ -263,7 +257,7 @@ def save_checkpoint(
     if rank == 0:
         try:
             _write_manifest(root, tag, architecture, engines)
-            write_atomically(root / "latest", tag + "\n")
+            write_atomically(root / LATEST, tag + "\n")
         except OSError as err:
             failure = _Failure("marking it complete failed", err)
     _agree(root, tag, failure, previous)
@@ -309,16 +303,72 @@ class _Damaged(Exception):
     """Why one checkpoint cannot be resumed (another one may)."""
 
 
+def model_identity(encoder: EncoderConfig, noiser: dict[str, Any] | None) -> dict[str, Any]:
+    """Which model a run trains, as its checkpoints record it and a resumed run must match:
+    every setting of the encoder but activation checkpointing (which changes no weight and may
+    change between runs), and in adversarial runs the ``noiser`` settings."""
+    settings = dataclasses.asdict(encoder)
+    del settings["activation_checkpointing"]
+    return {"encoder": settings, **(noiser or {})}
+
+
+def _encoder_settings(recorded: Any) -> Any:
+    """A recorded encoder as its settings: checkpoints written before every setting was
+    recorded name a preset instead."""
+    if isinstance(recorded, str) and recorded in ENCODER_PRESETS:
+        return model_identity(ENCODER_PRESETS[recorded], None)["encoder"]
+    return recorded
+
+
+def _same(key: str, theirs: Any, ours: Any) -> bool:
+    """Whether a recorded setting is this run's. An encoder recorded before the training-only
+    settings were (``--init_from`` runs) is compared on its architecture."""
+    if key != "encoder":
+        return theirs == ours
+    theirs, ours = _encoder_settings(theirs), _encoder_settings(ours)
+    if not (isinstance(theirs, dict) and isinstance(ours, dict)):
+        return theirs == ours
+    return all(theirs.get(k) == ours.get(k) for k in theirs.keys() | _ARCHITECTURE)
+
+
+def _described(key: str, recorded: Any) -> str:
+    """A recorded setting in a message: an encoder by its preset's name where it is one."""
+    if key == "encoder":
+        recorded = next((name for name in ENCODER_PRESETS if _same(key, name, recorded)), recorded)
+    return shorten(recorded)
+
+
+def recorded_encoder(root: Path, tag: str) -> EncoderConfig | None:
+    """The encoder checkpoint ``tag`` under ``root`` was written for (None if its manifest
+    does not say: very old checkpoints)."""
+    manifest = root / MANIFEST / f"{tag}.json"
+    identity = read_json(manifest).get("architecture")
+    recorded = identity.get("encoder") if isinstance(identity, dict) else None
+    if recorded is None:
+        return None
+    settings = _encoder_settings(recorded)
+    if not isinstance(settings, dict):
+        raise CheckpointError(
+            f"{manifest} names encoder preset {shorten(recorded)}, which is not one of "
+            f"{', '.join(ENCODER_PRESETS)}"
+        )
+    try:
+        return EncoderConfig(**settings)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{manifest}: bad encoder architecture ({err})") from None
+
+
 def _check_model(where: str, manifest: dict[str, Any], engines: Engines, arch: dict[str, Any]):
     """Refuse a checkpoint of another model than the one configured: no other checkpoint of
     the run would fit either."""
     theirs = manifest.get("architecture", {})
     differ = [
-        key for key in sorted(arch.keys() | theirs.keys()) if theirs.get(key) != arch.get(key)
-    ]
+        key for key in sorted(arch.keys() | theirs.keys())
+        if not _same(key, theirs.get(key), arch.get(key))
+    ]  # fmt: skip
     if differ:
         settings = "; ".join(
-            f"{key} {shorten(theirs.get(key))} there, {shorten(arch.get(key))} here"
+            f"{key} {_described(key, theirs.get(key))} there, {_described(key, arch.get(key))} here"
             for key in differ
         )
         raise CheckpointError(
@@ -375,7 +425,7 @@ def complete_latest(root: Path) -> str:
     weights (``advpt.training.consolidate``), which takes no other checkpoint in its place."""
     tag = latest_tag(root)
     if not tag:
-        raise CheckpointError(f"{root} has no complete checkpoint ({root / 'latest'} is missing)")
+        raise CheckpointError(f"{root} has no complete checkpoint ({root / LATEST} is missing)")
     try:
         _check_sizes(root, _read_manifest(root, tag))
     except _Damaged as err:
@@ -407,7 +457,7 @@ def resume_tag(root: Path, engines: Engines, architecture: dict[str, Any]) -> st
     if _TAG.match(latest):
         problem, candidates = None, _candidates(root, latest)
     else:
-        problem = f"{root / 'latest'} names no checkpoint ({shorten(latest)})"
+        problem = f"{root / LATEST} names no checkpoint ({shorten(latest)})"
         candidates = _candidates(root, None)
     passed_over: list[str] = []
     for tag in candidates:
@@ -442,7 +492,7 @@ def _warn_fallback(root: Path, tag: str, problem: str | None, passed_over: list[
         )  # fmt: skip
         # Not fatal if it fails: the next save replaces it (and the damaged tag) all the same.
         with contextlib.suppress(OSError):
-            write_atomically(root / "latest", tag + "\n")
+            write_atomically(root / LATEST, tag + "\n")
 
 
 def saved_world_size(root: Path, tag: str) -> int:

@@ -4,7 +4,7 @@
 ``MaskedLanguageModel`` where the directory has an MLM head, else the bare encoder
 (:func:`load_encoder` returns the encoder either way):
 
-* an advpt pre-training run (``config.json`` + ``checkpoints/latest``): the newest complete
+* an advpt pre-training run (``advpt.training.run_dir``): the newest complete
   checkpoint of the ``MaskedLanguageModel`` engine, consolidated to fp32 for any ZeRO stage and
   any number of ranks it was written with (this needs DeepSpeed, hence this module's place in
   ``training/``);
@@ -27,15 +27,16 @@ from advpt.models.encoder import ENCODER_PRESETS, Encoder, EncoderConfig, Masked
 from advpt.models.exports import read_export
 from advpt.models.hf_esm import is_hf_esm_dir, load_hf_esm
 from advpt.models.tape import TAPE_WEIGHTS, load_tape
-from advpt.models.weights import CONFIG_FILE, EXPORT_WEIGHTS, encoder_of, load_into
+from advpt.models.weights import EXPORT_WEIGHTS, encoder_of, load_into
 from advpt.safe_load import State, check_finite, load_weights_only, read_json
 from advpt.training.checkpoint import (
     DEEPSPEED_STATE_CLASSES,
-    MANIFEST,
     complete_latest,
+    recorded_encoder,
     verify_weights_only,
 )
 from advpt.training.engines import parameter_groups
+from advpt.training.run_dir import RunDir
 
 
 def load_model(path: str | Path) -> MaskedLanguageModel | Encoder:
@@ -44,8 +45,9 @@ def load_model(path: str | Path) -> MaskedLanguageModel | Encoder:
     root = Path(path)
     if not root.is_dir():
         raise CheckpointError(f"pre-trained encoder {root} is not a directory")
-    if (root / "checkpoints").is_dir():
-        return _from_run_dir(root)
+    run_dir = RunDir(root)
+    if run_dir.checkpoints.is_dir():
+        return _from_run_dir(run_dir)
     if is_hf_esm_dir(root):
         return load_hf_esm(root)
     if (root / EXPORT_WEIGHTS).is_file():
@@ -53,9 +55,9 @@ def load_model(path: str | Path) -> MaskedLanguageModel | Encoder:
     if (root / TAPE_WEIGHTS).is_file():
         return load_tape(root)
     raise CheckpointError(
-        f"{root} is none of: an advpt run directory (checkpoints/), a Hugging Face ESM "
-        f"directory (config.json of model_type esm), an advpt export ({EXPORT_WEIGHTS}) or a "
-        f"TAPE save_pretrained directory ({TAPE_WEIGHTS})"
+        f"{root} is none of: an advpt run directory ({run_dir.checkpoints.name}/), a Hugging "
+        f"Face ESM directory (config.json of model_type esm), an advpt export ({EXPORT_WEIGHTS}) "
+        f"or a TAPE save_pretrained directory ({TAPE_WEIGHTS})"
     )
 
 
@@ -64,9 +66,9 @@ def load_encoder(path: str | Path) -> Encoder:
     return encoder_of(load_model(path))
 
 
-def _from_run_dir(run_dir: Path) -> MaskedLanguageModel:
+def _from_run_dir(run_dir: RunDir) -> MaskedLanguageModel:
     """The newest complete checkpoint of a pre-training run, as a fp32 masked LM."""
-    checkpoints = run_dir / "checkpoints"
+    checkpoints = run_dir.checkpoints
     tag = complete_latest(checkpoints)
     cfg = _run_encoder(run_dir, tag)
     with torch.device("meta"):  # the parameters' names and sizes, no memory
@@ -79,26 +81,20 @@ def _from_run_dir(run_dir: Path) -> MaskedLanguageModel:
         raise CheckpointError(f"{source} has no encoder.token_embedding.weight")
     state["head.token_embedding.weight"] = state["encoder.token_embedding.weight"]
     state = check_finite(state, source)
-    return load_into(lambda: MaskedLanguageModel(cfg), state, source, run_dir / CONFIG_FILE)
+    return load_into(lambda: MaskedLanguageModel(cfg), state, source, run_dir.config)
 
 
-def _run_encoder(run_dir: Path, tag: str) -> EncoderConfig:
-    """The encoder a run trained: the preset its ``config.json`` names or, for one whose
-    architecture came from ``--init_from`` (no preset named), the one its checkpoint records."""
-    model = read_json(run_dir / CONFIG_FILE).get("model")
+def _run_encoder(run_dir: RunDir, tag: str) -> EncoderConfig:
+    """The encoder a run trained, as its checkpoint records it or, for checkpoints too old to
+    record it, as the preset its ``config.json`` names."""
+    recorded = recorded_encoder(run_dir.checkpoints, tag)
+    if recorded is not None:
+        return recorded
+    model = read_json(run_dir.config).get("model")
     preset = model.get("encoder") if isinstance(model, dict) else None
-    if preset is None:
-        manifest = run_dir / "checkpoints" / MANIFEST / f"{tag}.json"
-        architecture = read_json(manifest).get("architecture")
-        preset = architecture.get("encoder") if isinstance(architecture, dict) else None
-        if isinstance(preset, dict):
-            try:
-                return EncoderConfig(**preset)
-            except (TypeError, ValueError) as err:
-                raise CheckpointError(f"{manifest}: bad encoder architecture ({err})") from None
     if preset not in ENCODER_PRESETS:
         raise CheckpointError(
-            f"{run_dir / CONFIG_FILE} names encoder preset {preset!r}, which is not one of "
+            f"{run_dir.config} names encoder preset {preset!r}, which is not one of "
             f"{', '.join(ENCODER_PRESETS)}"
         )
     return ENCODER_PRESETS[preset]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,9 +26,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from advpt import ds_configs
 from advpt.errors import ConfigError, first_line
 from advpt.safe_load import read_json
-
-# The batch settings of a DeepSpeed JSON; a noiser JSON that states none follows the encoder's.
-BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+from advpt.training.batch_layout import DeepSpeedJson
 
 
 def _check_optimizer_numbers(config: dict[str, Any], path: str) -> None:
@@ -48,30 +45,10 @@ def _check_optimizer_numbers(config: dict[str, Any], path: str) -> None:
                 )
 
 
-def load_ds_config(
-    name: str,
-    tensorboard_dir: Path,
-    job_name: str,
-    batch_from: dict[str, Any] | None = None,
-    global_batch: int | None = None,
-    micro_batch: int | None = None,
-    lr: float | None = None,
-    fit_micro: bool = False,
-) -> dict[str, Any]:
-    """Read a DeepSpeed JSON, apply the command line's batch and learning rate, check the batch
-    arithmetic on this world size, and route its TensorBoard output.
-
-    ``name`` is a path, a short name of a shipped config for the role ``job_name`` (encoder,
-    noiser, finetune) or ``auto`` (``advpt.ds_configs``). A JSON stating none of the batch
-    settings takes those of ``batch_from`` (the noiser follows the encoder's micro-batches).
-    ``global_batch`` (sequences per optimizer step), ``micro_batch`` and ``lr`` (the optimizer's
-    peak) replace the JSON's; a given global batch fixes the accumulation at global batch /
-    (micro-batch x ranks), so one command trains the same on any number of ranks that divides
-    it. With ``fit_micro`` the micro-batch is an upper bound (what fits in memory): the largest
-    micro-batch up to it that divides the global batch's share of a rank is taken.
-    DeepSpeed's own monitor writes under ``tensorboard_dir`` as ``job_name`` unless the JSON
-    names an output path, so each engine's scalars land beside the run's own.
-    """
+def read_ds_config(name: str, job_name: str) -> DeepSpeedJson:
+    """A DeepSpeed JSON as written: ``name`` is a path, a short name of a shipped config for the
+    role ``job_name`` (encoder, noiser, finetune) or ``auto`` (``advpt.ds_configs``). Its batch
+    settings are the batch layout's to read (``advpt.training.batch_layout``)."""
     on_cpu = get_accelerator().device_name() == "cpu"
     file = ds_configs.resolve(name, job_name, on_cpu)
     if file is None:
@@ -79,26 +56,25 @@ def load_ds_config(
             f"DeepSpeed config {name} is neither a file nor a shipped {job_name} config "
             f"({', '.join(ds_configs.names(job_name))})"
         )
-    path = str(file)
     config = read_json(file, ConfigError, dict, "a DeepSpeed config (a JSON object)")
-    if batch_from is not None and not any(key in config for key in BATCH_KEYS):
-        config.update({key: batch_from[key] for key in BATCH_KEYS if key in batch_from})
-    if micro_batch is not None:
-        config["train_micro_batch_size_per_gpu"] = micro_batch
-    if "train_micro_batch_size_per_gpu" not in config:
-        raise ConfigError(f"DeepSpeed config {path} must set train_micro_batch_size_per_gpu")
-    for key in BATCH_KEYS:
-        value = config.get(key, 1)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(
-                f"DeepSpeed config {path}: {key} must be a positive integer, not "
-                f"{first_line(json.dumps(value), 60)}"
-            )
+    return DeepSpeedJson(name, str(file), config)
+
+
+def load_ds_config(
+    json_: DeepSpeedJson,
+    batch: dict[str, int],
+    monitor_dir: Path,
+    job_name: str,
+    lr: float | None = None,
+) -> dict[str, Any]:
+    """The DeepSpeed config an engine is built from: ``json_`` with the batch layout's
+    ``batch`` settings (``BatchLayout.deepspeed_settings``) and ``lr`` (the optimizer's peak,
+    unless None) applied, checked by DeepSpeed. DeepSpeed's own monitor writes to
+    ``monitor_dir`` as ``job_name`` unless the JSON names an output path, so each engine's
+    scalars land beside the run's own."""
+    path, config = json_.path, copy.deepcopy(json_.settings)
     _check_optimizer_numbers(config, path)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if global_batch is not None or micro_batch is not None or fit_micro:
-        _fix_global_batch(config, path, world, global_batch, fit_micro)
-    _check_batch(config, path, world, _source(global_batch, path))
+    config.update(batch)
     if lr is not None:
         params = config.get("optimizer", {}).get("params")
         if not isinstance(params, dict):
@@ -107,75 +83,16 @@ def load_ds_config(
     _check_with_deepspeed(path, config)
     board = config.get("tensorboard")
     if isinstance(board, dict) and board.get("enabled"):
-        board.setdefault("output_path", str(tensorboard_dir / "deepspeed"))
+        board.setdefault("output_path", str(monitor_dir))
         board.setdefault("job_name", job_name)
     return config
-
-
-def _fix_global_batch(
-    config: dict[str, Any], path: str, world: int, global_batch: int | None, fit_micro: bool
-) -> None:
-    """Set all three batch settings for ``world`` ranks from the global batch (``global_batch``,
-    else the JSON's ``train_batch_size``, else micro-batch x accumulation x ranks)."""
-    micro = config["train_micro_batch_size_per_gpu"]
-    total = global_batch or config.get("train_batch_size")
-    if total is None:
-        total = micro * config.get("gradient_accumulation_steps", 1) * world
-    if fit_micro:
-        check_global_batch(
-            total, world, f"the number of ranks, {world}", _source(global_batch, path)
-        )
-        per_rank = total // world
-        micro = max(m for m in range(1, min(micro, per_rank) + 1) if per_rank % m == 0)
-    config.update(
-        train_batch_size=total,
-        train_micro_batch_size_per_gpu=micro,
-        gradient_accumulation_steps=total // (micro * world),  # 0 is refused by the check
-    )
-
-
-def _source(flag_value: int | None, path: str) -> str:
-    """Where the global batch was set."""
-    if flag_value:
-        return "given on the command line"
-    return f"train_batch_size of DeepSpeed config {path}"
-
-
-def _check_batch(config: dict[str, Any], path: str, world: int, source: str) -> None:
-    """The batch settings add up on ``world`` ranks (one sentence when they do not)."""
-    micro = config["train_micro_batch_size_per_gpu"]
-    accumulation = config.get("gradient_accumulation_steps")
-    total = config.get("train_batch_size")
-    if total is None:
-        return
-    unit = f"micro-batch {micro} x {world} rank(s) = {micro * world}"
-    check_global_batch(total, micro * world, unit, source)
-    if accumulation is not None and micro * accumulation * world != total:
-        raise ConfigError(
-            f"DeepSpeed config {path}: train_micro_batch_size_per_gpu {micro} x "
-            f"gradient_accumulation_steps {accumulation} x world size {world} != "
-            f"train_batch_size {total}"
-        )
-
-
-def check_global_batch(total: int, unit: int, unit_text: str, source: str) -> None:
-    """One sentence naming the nearest global batches that work, unless ``unit`` divides the
-    global batch ``total`` (``source`` says where it was set)."""
-    if total % unit == 0:
-        return
-    lower = total // unit * unit
-    nearest = f"{lower} or {lower + unit}" if lower else str(unit)
-    raise ConfigError(
-        f"the global batch {total} ({source}) is not a multiple of {unit_text}: the nearest that "
-        f"are {nearest} (or change the micro-batch or the number of ranks)"
-    )
 
 
 def _check_with_deepspeed(path: str, config: dict[str, Any]) -> None:
     """Let DeepSpeed parse the config now, turning its validation errors into one sentence.
 
-    The global batch is left out: its arithmetic on ``WORLD_SIZE`` ranks is checked above, and
-    DeepSpeed derives it from micro-batch x accumulation x the ranks of its process group.
+    The global batch is left out: the batch layout has checked its arithmetic, and DeepSpeed
+    derives it from micro-batch x accumulation x the ranks of its process group.
     """
     checked = copy.deepcopy(config)
     checked.pop("train_batch_size", None)

@@ -14,11 +14,12 @@ import json
 import logging
 import math
 import time
-from pathlib import Path
 from typing import Any
 
+import deepspeed
 import torch
 import torch.distributed as dist
+from torch.autograd.profiler import record_function
 
 from advpt.data.collate import Batch
 from advpt.errors import cannot_write
@@ -26,7 +27,9 @@ from advpt.masking.adversarial import OPTION_KEEP, OPTION_MASK, num_options
 from advpt.masking.importance import effective_sample_share
 from advpt.models.encoder import MLMOutput
 from advpt.tokenizer import Vocabulary
+from advpt.training.engines import current_lr
 from advpt.training.objective import Draw
+from advpt.training.run_dir import RunDir
 from advpt.training.trackers import Tracker, open_trackers
 
 logger = logging.getLogger(__name__)
@@ -226,6 +229,48 @@ def check_collapse(record: dict[str, Any], threshold: float, warn: bool, already
     return collapsed
 
 
+class EngineMetrics:
+    """What each engine reports at a logging step: learning rate, global batch, skipped steps
+    and gradient norm.
+
+    DeepSpeed reports the norm itself under ZeRO and mixed precision, but not for a plain fp32
+    optimizer; there :meth:`step` measures the (already all-reduced) gradients, on the device
+    and only on logging steps.
+    """
+
+    def __init__(self) -> None:
+        self._norms: dict[str, torch.Tensor] = {}
+
+    def step(self, name: str, engine: deepspeed.DeepSpeedEngine, log: bool) -> None:
+        """``engine.step()``, first noting the gradient norm if this step will be ``log``-ged."""
+        if (
+            log
+            and engine.is_gradient_accumulation_boundary()
+            and not hasattr(engine.optimizer, "_global_grad_norm")
+        ):
+            grads = [p.grad.norm() for p in engine.module.parameters() if p.grad is not None]
+            if grads:
+                self._norms[name] = torch.linalg.vector_norm(torch.stack(grads))
+        with record_function(f"advpt.{name}_step"):  # a range in profiles
+            engine.step()
+
+    def record(
+        self, name: str, engine: deepspeed.DeepSpeedEngine, batch_size: int
+    ) -> dict[str, Any]:
+        """The ``name``-d engine's numbers, ``batch_size`` its global batch now."""
+        record = {
+            f"{name}_lr": current_lr(engine),
+            f"{name}_batch_size": batch_size,
+            f"{name}_skipped_steps": engine.skipped_steps,
+        }
+        norm = engine.get_global_grad_norm()
+        if norm is None and name in self._norms:
+            norm = self._norms.pop(name)
+        if norm is not None:
+            record[f"{name}_grad_norm"] = float(norm)
+        return record
+
+
 class MetricsWriter:
     """Rank 0's ``metrics.jsonl`` and trackers (``--tracker``); other ranks write nothing.
 
@@ -236,7 +281,7 @@ class MetricsWriter:
 
     def __init__(
         self,
-        run_dir: Path,
+        run_dir: RunDir,
         enabled: bool,
         resume: tuple[int, int] | None = None,
         trackers: list[str] | tuple[str, ...] = ("tensorboard",),
@@ -245,14 +290,14 @@ class MetricsWriter:
     ):
         """``resume``: (step, encoder step) of the checkpoint a resumed run starts from."""
         self.enabled = enabled
-        self.jsonl_path = run_dir / "metrics.jsonl"
+        self.jsonl_path = run_dir.metrics
         self.started = time.time()
         self.trackers: list[Tracker] = []
         self.failed = False  # a write failed and was raised as its sentence
         if not enabled:
             return
         try:
-            run_dir.mkdir(parents=True, exist_ok=True)
+            run_dir.root.mkdir(parents=True, exist_ok=True)
             if resume is not None:
                 self._truncate_after(resume[0])
             # A fresh run starts a fresh file; a resumed one continues it.

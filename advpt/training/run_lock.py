@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import IO
 
 from advpt.errors import ConfigError, cannot_write, first_line
+from advpt.training.run_dir import LOCK_FILE, RunDir
 
-LOCK_FILE = ".lock"
 HOLDER_BYTES = 4096  # more than any holder record: a larger file is no record of ours
 
 
@@ -62,16 +62,15 @@ class RunDirLock:
         self._file.close()  # releases the lock
         self._file = self._created = None
 
-    def hold(self, run_dir: Path) -> None:
+    def hold(self, run_dir: RunDir) -> None:
         """Lock ``run_dir`` (created if missing) until this object is left or the process
         ends, or raise ``ConfigError`` naming the job that holds it (``OutputError`` if the
         directory cannot be made). A refused start writes nothing."""
-        run_dir = Path(run_dir)
-        path = run_dir / LOCK_FILE
-        created = not run_dir.exists()
+        path, root = run_dir.lock, run_dir.root
+        created = not root.exists()
         while True:
             try:
-                run_dir.mkdir(parents=True, exist_ok=True)
+                root.mkdir(parents=True, exist_ok=True)
                 file = _open_own_file(path)
             except OSError as err:
                 raise cannot_write(err, path) from None
@@ -91,7 +90,7 @@ class RunDirLock:
         file.truncate()
         file.write(json.dumps(_this_process()) + "\n")
         file.flush()
-        self._file, self._created = file, run_dir if created else None
+        self._file, self._created = file, root if created else None
 
 
 def _open_own_file(path: Path) -> IO[str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from advpt.errors import ReportError
+from advpt.training.run_dir import RunDir
 
 
 @dataclass
@@ -50,7 +51,7 @@ def load_run(run_dir: str | Path) -> Run:
     is an error naming the file and line.
     """
     path = Path(run_dir)
-    metrics = path / "metrics.jsonl"
+    metrics = RunDir(path).metrics
     if not metrics.is_file():
         raise ReportError(f"{metrics} does not exist (is {path} an advpt run directory?)")
     lines = metrics.read_text().splitlines()
@@ -70,7 +71,7 @@ def load_run(run_dir: str | Path) -> Run:
     if not rows:
         raise ReportError(f"{metrics} holds no metrics yet")
     mode = "unknown"
-    config = path / "config.json"
+    config = RunDir(path).config
     if config.is_file():
         sections = json.loads(config.read_text())
         # runs written before the method section kept the mode under run

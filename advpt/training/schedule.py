@@ -1,8 +1,7 @@
-"""Which engine trains next (Algorithm 5, or both at once) and when the global batch grows."""
+"""Which engine trains next: Algorithm 5's alternation, or both at once, after a warm-up."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 # Phases: one engine's optimizer step, or (JOINT) one step of each from a single pass; RANDOM
@@ -100,63 +99,20 @@ class SimultaneousSchedule:
         self.steps = int(state.get("steps", 0))
 
 
+Schedule = AlternatingSchedule | SimultaneousSchedule
+
+
 def make_schedule(
     simultaneous: bool,
     noiser_steps: int,
     encoder_steps: int,
     adversarial: bool,
     joint_every: int = 1,
-) -> AlternatingSchedule | SimultaneousSchedule:
+) -> Schedule:
     """The run's schedule: simultaneous, or alternating (every step an encoder step if random)."""
     if simultaneous:
         return SimultaneousSchedule(joint_every)
     return AlternatingSchedule(noiser_steps, encoder_steps, adversarial)
-
-
-def batch_growth(encoder_step: int, max_steps: int, grow_at: float, factor: int) -> int:
-    """Multiplier of the base global batch at ``encoder_step``: ``factor`` after ``grow_at``.
-
-    The paper trains at batch 128 for about 80% of training, then at 256 via accumulation.
-    """
-    return factor if encoder_step >= grow_at * max_steps else 1
-
-
-def first_grown_step(max_steps: int, grow_at: float) -> int:
-    """The first encoder step (counted from 1) that :func:`batch_growth` trains grown."""
-    return math.ceil(grow_at * max_steps) + 1
-
-
-def describe_batch(
-    micro: int, accumulation: int, ranks: int, max_steps: int, grow_at: float, factor: int
-) -> str:
-    """One sentence on the global batch, where it comes from and whether it will grow."""
-    batch = micro * accumulation * ranks
-    text = (
-        f"global batch {batch} sequences = micro-batch {micro} x {accumulation} accumulation "
-        f"step(s) x {ranks} rank(s)"
-    )
-    first = first_grown_step(max_steps, grow_at)
-    if factor == 1 or first > max_steps:
-        return text + ", for the whole run"
-    return (
-        f"{text}; from encoder step {first} of {max_steps} it grows to {batch * factor} "
-        "through accumulation (the paper's schedule; --batch_growth false keeps it)"
-    )
-
-
-def describe_layout_change(saved: dict[str, int], now: dict[str, int]) -> str | None:
-    """One sentence on how a resumed run's batch is made differently from the checkpoint's
-    (``ranks``, ``micro_batch``, ``accumulation``, ``global_batch``); None if it is not."""
-    if saved == now:
-        return None
-    names = {"ranks": "ranks", "micro_batch": "micro-batch", "accumulation": "accumulation",
-             "global_batch": "global batch"}  # fmt: skip
-    parts = [
-        f"{text} {saved.get(key)} -> {now[key]}" if saved.get(key) != now[key]
-        else f"{text} {now[key]} (unchanged)"
-        for key, text in names.items()
-    ]  # fmt: skip
-    return "resumed with another batch layout than the checkpoint's: " + ", ".join(parts)
 
 
 def random_only_steps(max_steps: int, noiser_start_at: float) -> int:

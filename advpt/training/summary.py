@@ -16,10 +16,10 @@ from typing import Any
 
 from advpt.errors import cannot_write
 from advpt.training.plots import plot_comparison, plot_run
+from advpt.training.run_dir import RunDir
 from advpt.training.run_metrics import Run, load_run
 
 PLOTS_HINT = "plots need matplotlib: pip install advpt[plots]"
-RUN_PLOT = "report.png"
 COMPARISON = "comparison"
 
 
@@ -188,7 +188,7 @@ def report_run(run_dir: str | Path, plots: bool = True, unigram: float | None = 
     run = load_run(run_dir)
     text = format_summary(summarize(run), unigram)
     if plots:
-        written = _written(plot_run, run, run.path / RUN_PLOT)
+        written = _written(plot_run, run, RunDir(run.path).report_plot)
         text += f"\n  plots            {written}" if written else f"\n  ({PLOTS_HINT})"
     return text
 

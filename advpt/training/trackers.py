@@ -10,7 +10,8 @@ as the scalar ``noiser_step``.
 The optional trackers import their package only when chosen; a missing one is one sentence. W&B
 runs wherever ``WANDB_MODE`` says (``offline`` needs no network: ``wandb sync`` uploads later);
 MLflow logs to ``MLFLOW_TRACKING_URI``, else to an SQLite store in the run directory. A resumed
-run continues the same W&B and MLflow run: their ids are kept in ``<run_dir>/trackers.json``.
+run continues the same W&B and MLflow run: their ids are kept in the run directory
+(``advpt.training.run_dir``).
 """
 
 from __future__ import annotations
@@ -26,10 +27,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from advpt.errors import ConfigError, cannot_write
+from advpt.training.run_dir import RunDir
 
 _PACKAGES = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}  # module, extra
-IDS_FILE = "trackers.json"
-CSV_FILE = "metrics.csv"
 
 
 def _import(name: str) -> Any:
@@ -59,14 +59,14 @@ class Tracker(Protocol):
 
 
 class TensorBoard:
-    """``<run_dir>/tensorboard``; a resumed run purges what was logged after its checkpoint."""
+    """The run's TensorBoard events; a resumed run purges what was logged after its checkpoint."""
 
-    def __init__(self, run_dir: Path, resume_step: int | None):
+    def __init__(self, run_dir: RunDir, resume_step: int | None):
         from torch.utils.tensorboard import SummaryWriter
 
         # Scalars at the checkpoint's own step were logged before it was saved: keep them.
         purge = None if resume_step is None else resume_step + 1
-        self.path = run_dir / "tensorboard"
+        self.path = run_dir.tensorboard
         _quiet_board_threads()
         self.writer = SummaryWriter(str(self.path), purge_step=purge)
 
@@ -98,11 +98,11 @@ def _unless_board_write(args: threading.ExceptHookArgs) -> None:
 
 
 class Csv:
-    """``<run_dir>/metrics.csv`` in long form: ``step,name,value`` (x = encoder step), one row
+    """The run's ``metrics.csv`` in long form: ``step,name,value`` (x = encoder step), one row
     per scalar, so that pandas' ``pivot`` gives a table whatever scalars each record has."""
 
-    def __init__(self, run_dir: Path, resume_step: int | None):
-        self.path = run_dir / CSV_FILE
+    def __init__(self, run_dir: RunDir, resume_step: int | None):
+        self.path = run_dir.metrics_csv
         if resume_step is not None and self.path.exists():
             _keep_rows(self.path, resume_step)
         fresh = resume_step is None or not self.path.exists()
@@ -131,16 +131,16 @@ def _keep_rows(path: Path, step: int) -> None:
 
 
 class WandB:
-    """A W&B run in ``<run_dir>/wandb`` (project ``--project``), resumed under the same id."""
+    """A W&B run in the run directory (project ``--project``), resumed under the same id."""
 
-    def __init__(self, run_dir: Path, ids: dict[str, str], project: str, config: dict[str, Any]):
+    def __init__(self, run_dir: RunDir, ids: dict[str, str], project: str, config: dict[str, Any]):
         wandb = _import("wandb")
         ids.setdefault("wandb", secrets.token_hex(6))
         self.run = wandb.init(
             project=os.environ.get("WANDB_PROJECT", project), id=ids["wandb"], resume="allow",
-            dir=str(run_dir), name=run_dir.name, config=config,
+            dir=str(run_dir), name=run_dir.root.name, config=config,
         )  # fmt: skip
-        self.path = run_dir / "wandb"
+        self.path = run_dir.wandb
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
 
@@ -154,13 +154,13 @@ class WandB:
 class MLflow:
     """An MLflow run in experiment ``--project``, resumed under the same run id."""
 
-    def __init__(self, run_dir: Path, ids: dict[str, str], project: str, config: dict[str, Any]):
+    def __init__(self, run_dir: RunDir, ids: dict[str, str], project: str, config: dict[str, Any]):
         mlflow = _import("mlflow")
         if "MLFLOW_TRACKING_URI" not in os.environ:
-            mlflow.set_tracking_uri(f"sqlite:///{(run_dir / 'mlflow.db').resolve()}")
+            mlflow.set_tracking_uri(f"sqlite:///{run_dir.mlflow_db.resolve()}")
         mlflow.set_experiment(project)
-        self.mlflow, self.path = mlflow, run_dir
-        run = mlflow.start_run(run_id=ids.get("mlflow"), run_name=run_dir.name)
+        self.mlflow, self.path = mlflow, run_dir.root
+        run = mlflow.start_run(run_id=ids.get("mlflow"), run_name=run_dir.root.name)
         if "mlflow" not in ids:
             mlflow.log_params(_flat(config))
         ids["mlflow"] = run.info.run_id
@@ -185,14 +185,14 @@ def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def open_trackers(
     names: list[str],
-    run_dir: Path,
+    run_dir: RunDir,
     resume_step: int | None,
     project: str = "advpt",
     config: dict[str, Any] | None = None,
 ) -> list[Tracker]:
     """The chosen trackers, opened in ``run_dir`` (rank 0 only). ``resume_step`` is the encoder
     step of the checkpoint a resumed run starts from, else None."""
-    ids_path = run_dir / IDS_FILE
+    ids_path = run_dir.tracker_ids
     ids: dict[str, str] = {}
     if resume_step is not None and ids_path.exists():
         try:

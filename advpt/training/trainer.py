@@ -19,110 +19,87 @@ the noiser does. Whether a step is in the warm-up follows from the encoder step 
 runs need no further state.
 
 What each phase maximises or minimises is ``advpt.training.objective``; which engines it trains
-and what it is logged as, ``advpt.training.phases``. This module is the loop around them, read
-top to bottom: ``train`` runs ``_train_step`` until the end, which is one ``optimizer_step`` and
-then whatever logging, validation and saving falls due; an optimizer step is one accumulation
-window of ``micro_step`` calls of the current phase, and a micro-step is the phase's objective
-and its engines' ``step()``. Reporting and checkpoints come last.
+and what it is logged as, ``advpt.training.phases``; the batch, ``advpt.training.batch_layout``;
+when a save is due and what it holds, ``advpt.training.checkpointer``. This module is the loop
+around them, read top to bottom: ``train`` runs ``_train_step`` (one ``optimizer_step``, then
+the logging, validation and saving that fall due); an optimizer step is one accumulation window
+of ``micro_step`` calls, each the phase's objective and its engines' ``step()``.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import deepspeed
 import torch
-import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
-from torch import nn
-from torch.autograd.profiler import record_function
 
 from advpt.config.pretrain import TrainConfig
 from advpt.data.collate import Batch
 from advpt.data.stream import MicroBatches, ValidationBatches, stream_loader
-from advpt.errors import CheckpointError, NonFiniteError, cannot_write
-from advpt.models.encoder import MLMOutput, preset_of
-from advpt.training import checkpoint, ranks
+from advpt.errors import NonFiniteError
+from advpt.models.encoder import MLMOutput
+from advpt.training import ranks
+from advpt.training.batch_layout import BatchLayout
+from advpt.training.checkpointer import Checkpointer
 from advpt.training.compilation import describe_compile_time
-from advpt.training.engines import check_global_batch, current_lr
-from advpt.training.monitor import MetricsAccumulator, MetricsWriter, check_collapse
-from advpt.training.objective import AdversarialObjective, masked_lm
+from advpt.training.counters import Counters
+from advpt.training.monitor import (
+    EngineMetrics,
+    MetricsAccumulator,
+    MetricsWriter,
+    check_collapse,
+)
+from advpt.training.objective import AdversarialObjective
 from advpt.training.phases import PHASES
 from advpt.training.preemption import StopSignals, WallClock, ignore_in_worker, job_deadline
 from advpt.training.progress import Progress
-from advpt.training.schedule import (
-    JOINT,
-    RANDOM,
-    batch_growth,
-    describe_batch,
-    describe_layout_change,
-    make_schedule,
-    random_only_steps,
-)
-
-
-@dataclass
-class Counters:
-    encoder_step: int = 0  # encoder optimizer steps
-    noiser_step: int = 0  # noiser optimizer steps
-    joint_step: int = 0  # simultaneous steps, which are counted in both of the above too
-    micro_batches: int = 0  # micro-batches consumed by all ranks (the stream's position)
-    train_seconds: float = 0.0  # wall time of training over all jobs, validation and saves excluded
-
-    @property
-    def step(self) -> int:
-        """Optimizer steps so far, a joint step once: the x axis of every logged metric."""
-        return self.encoder_step + self.noiser_step - self.joint_step
+from advpt.training.run_dir import RunDir, write_config
+from advpt.training.schedule import JOINT, RANDOM, make_schedule, random_only_steps
+from advpt.training.validation import validate
 
 
 class Trainer:
     def __init__(
         self,
         config: TrainConfig,
-        encoder_engine: deepspeed.DeepSpeedEngine,
-        noiser_engine: deepspeed.DeepSpeedEngine | None,
+        engines: dict[str, deepspeed.DeepSpeedEngine],
+        deepspeed_configs: dict[str, dict[str, Any]],
+        layout: BatchLayout,
+        checkpointer: Checkpointer,
         train_stream: MicroBatches,
         validation: ValidationBatches,
         device: torch.device,
         stop_signals: StopSignals | None = None,
     ):
-        self.config = config
-        self.encoder = encoder_engine
-        self.noiser = noiser_engine
-        self.stream = train_stream
-        self.validation = validation
-        self.device = device
-        self.run_dir = Path(config.run.run_dir)
-        self.checkpoints = self.run_dir / "checkpoints"
+        """``engines`` (the encoder's, and in adversarial runs the noiser's) were built from
+        ``deepspeed_configs`` (by engine) with the batch of ``layout``."""
+        self.config, self.engines, self.deepspeed_configs = config, engines, deepspeed_configs
+        self.encoder, self.noiser = engines["encoder"], engines.get("noiser")
+        self.layout = layout
+        self._told = (layout, False)  # the layout the engines have, and whether it is grown
+        self.checkpointer = checkpointer
+        self.stream, self.validation, self.device = train_stream, validation, device
+        self.run_dir = RunDir.at(config.run.run_dir)
+        m, adversarial = config.method, config.adversarial
         self.schedule = make_schedule(
-            config.simultaneous,
-            config.method.noiser_steps,
-            config.method.encoder_steps,
-            config.adversarial,
-            config.method.joint_every,
+            config.simultaneous, m.noiser_steps, m.encoder_steps, adversarial, m.joint_every
         )
-        self.random_only_steps = (
-            random_only_steps(config.optim.max_steps, config.method.noiser_start_at)
-            if config.adversarial
-            else 0
-        )
+        warmup = random_only_steps(config.optim.max_steps, m.noiser_start_at)
+        self.random_only_steps = warmup if adversarial else 0
         self.counters = Counters()
-        self.base_batch = {name: e.train_batch_size() for name, e in self.engines.items()}
         self.is_main = ranks.rank() == 0
-        self.vocab = encoder_engine.module.encoder.cfg.vocabulary  # the encoder's ids, all along
+        self.vocab = self.encoder.module.encoder.cfg.vocabulary  # the encoder's ids, all along
         self.objective = AdversarialObjective(
             config.masking, config.importance, config.method.reversal_scale, self.vocab
         )
         self.metrics = MetricsAccumulator(device, self.vocab)
         self._last_phase = self.phase
         self._skipped_in_a_row = {name: 0 for name in self.engines}
-        self._grad_norms: dict[str, torch.Tensor] = {}
+        self.engine_metrics = EngineMetrics()
         self._collapsed = False  # mask entropy below the collapse threshold at the last record
         # Installed by the entry point; without it no signal is noted and the run never stops.
         self.stop_signals = stop_signals or StopSignals()
@@ -130,42 +107,23 @@ class Trainer:
         parameters = sum(p.numel() for e in self.engines.values() for p in e.module.parameters())
         self.wall_clock = WallClock(job_deadline(config.run.max_seconds), parameters)
         self._clock = time.perf_counter()
-        self.resumed_layout: dict[str, int] | None = None  # the checkpoint's, set by restore()
-
-    @property
-    def engines(self) -> dict[str, deepspeed.DeepSpeedEngine]:
-        engines = {"encoder": self.encoder}
-        if self.noiser is not None:
-            engines["noiser"] = self.noiser
-        return engines
-
-    def write_config(self) -> None:
-        """``<run_dir>/config.json``: every setting of the run (rank 0, atomically)."""
-        if not self.is_main:
-            return
-        path = self.run_dir / "config.json"
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            checkpoint.write_atomically(path, json.dumps(self.config.to_dict(), indent=2) + "\n")
-        except OSError as err:
-            raise cannot_write(err, path) from err
 
     def train(self) -> dict[str, Any]:
         """Run until ``max_steps`` encoder steps (or ``stop_after_steps`` in this process), or
         until a stop signal (then ``stopped_by`` names it)."""
         cfg = self.config
         resumed = cfg.run.resume and self.restore()
-        self.write_config()  # after restore: a refused resume leaves the run's own config
+        if self.is_main:  # after restore: a refused resume leaves the run's own config
+            resolved = {name: {**ds, **self.layout.deepspeed_settings(name)}
+                        for name, ds in self.deepspeed_configs.items()}  # fmt: skip
+            write_config(self.run_dir, cfg.to_dict(), resolved)
         writer = MetricsWriter(
             self.run_dir, self.is_main,
             (self.counters.step, self.counters.encoder_step) if resumed else None,
             cfg.run.trackers, cfg.run.project, self.config.to_dict(),
         )  # fmt: skip
-        data = iter(
-            stream_loader(
-                self.stream, self.counters.micro_batches, cfg.dataset.num_workers, ignore_in_worker
-            )
-        )
+        start = self.counters.micro_batches
+        data = iter(stream_loader(self.stream, start, cfg.dataset.num_workers, ignore_in_worker))
         stop_at = cfg.optim.max_steps
         if cfg.run.stop_after_steps:
             stop_at = min(stop_at, self.counters.encoder_step + cfg.run.stop_after_steps)
@@ -173,7 +131,7 @@ class Trainer:
             self.steps_until(stop_at), self.counters.step, stop_at,
             f"{cfg.method.mode} pre-training", enabled=self.is_main,
         )  # fmt: skip
-        progress.note(self._describe_batch())
+        progress.note(self.layout.describe(cfg.optim.max_steps))
         if limit := self.wall_clock.describe():
             progress.note(limit)
         last: dict[str, Any] = {}
@@ -221,7 +179,7 @@ class Trainer:
             if validation:
                 progress.validated(validation)
             record = {**(record or {}), **validation}
-        due = encoder_stepped and (step % cfg.run.checkpoint_every == 0 or step == stop_at)
+        due = encoder_stepped and self.checkpointer.due(step, stop_at)
         self.wall_clock.stepped(time.perf_counter() - started)
         out_of_time = step < stop_at and self.wall_clock.out_of_time(save_due=due)
         self.stopped_by = self.stop_signals.agreed(out_of_time)  # a collective, once per step
@@ -267,16 +225,16 @@ class Trainer:
         windows would then straddle optimizer steps differently from an uninterrupted run. A
         joint step fills both engines' windows, which have one length (checked at build).
         """
-        self._apply_batch_growth()
+        self._tell_batch()
         phase = self.phase
         trained = {name: self.engines[name] for name in PHASES[phase].trains}
         log = (self.counters.step + 1) % self.config.run.log_every == 0
-        window = next(iter(trained.values())).gradient_accumulation_steps()
+        window = self.layout.accumulation_steps(next(iter(trained)), self._told[1])
         for micro in range(window):
             for engine in trained.values():
                 engine.set_gradient_accumulation_boundary(micro == window - 1)
             batch = next(data).to(self.device)
-            self.counters.micro_batches += self.stream.world
+            self.counters.micro_batches += self.layout.ranks
             self.micro_step(phase, batch, log)
         self.counters.noiser_step += "noiser" in trained
         self.counters.encoder_step += "encoder" in trained
@@ -300,25 +258,22 @@ class Trainer:
             self.objective, models.get("noiser"), models["encoder"], batch, *backwards
         )
         for name, engine in trained.items():
-            self._step(name, engine, log)
+            self.engine_metrics.step(name, engine, log)
         self.metrics.record(spec.label, out, draw, batch)
         return out
 
-    def _apply_batch_growth(self) -> None:
-        s = self.config.optim
-        factor = batch_growth(
-            self.counters.encoder_step, s.max_steps, s.batch_growth_at, s.growth_factor
-        )
-        for name, engine in self.engines.items():
-            target = self.base_batch[name] * factor
-            if engine.train_batch_size() != target:
-                engine.set_train_batch_size(target)
+    def _tell_batch(self) -> None:
+        """Tell the engines the batch of the coming step: the layout's, grown from its step on
+        (DeepSpeed scales each micro-step's gradient by the accumulation)."""
+        told = (self.layout, self.layout.grown(self.counters.encoder_step))
+        if told != self._told:
+            for name, engine in self.engines.items():
+                engine.set_train_batch_size(self.layout.global_batch(name, told[1]))
+            self._told = told
 
     def _check_step_applied(self, name: str, engine: deepspeed.DeepSpeedEngine) -> None:
-        """Count non-finite (skipped) steps in a row; too many saves the last good state and stops.
-
-        A skipped step leaves the weights as they were, so the checkpoint is the last good state.
-        """
+        """Count non-finite (skipped) steps in a row; too many save and stop. A skipped step
+        leaves the weights as they were, so the checkpoint is the last good state."""
         if engine.was_step_applied():
             self._skipped_in_a_row[name] = 0
             return
@@ -329,39 +284,10 @@ class Trainer:
             raise NonFiniteError(
                 f"the {name} had non-finite losses or gradients in {limit} optimizer steps in a "
                 f"row (encoder step {self.counters.encoder_step}); the last good state is saved "
-                f"in {self.checkpoints}"
+                f"in {self.checkpointer.root}"
             )
 
-    def _step(self, name: str, engine: deepspeed.DeepSpeedEngine, log: bool) -> None:
-        """``engine.step()``, first noting the gradient norm if this step will be ``log``-ged.
-
-        DeepSpeed reports the norm itself under ZeRO and mixed precision, but not for a plain
-        fp32 optimizer; there the (already all-reduced) gradients are measured here, on the
-        device and only on logging steps.
-        """
-        if (
-            log
-            and engine.is_gradient_accumulation_boundary()
-            and not hasattr(engine.optimizer, "_global_grad_norm")
-        ):
-            grads = [p.grad.norm() for p in engine.module.parameters() if p.grad is not None]
-            if grads:
-                self._grad_norms[name] = torch.linalg.vector_norm(torch.stack(grads))
-        with record_function(f"advpt.{name}_step"):  # a range in profiles
-            engine.step()
-
     # ----------------------------------------------------------------- reporting
-
-    def _describe_batch(self) -> str:
-        """The global batch, where it comes from, and when it grows (said at the start)."""
-        s = self.config.optim
-        now = self.layout()
-        text = describe_batch(
-            now["micro_batch"], now["accumulation"], now["ranks"], s.max_steps,
-            s.batch_growth_at, s.growth_factor,
-        )  # fmt: skip
-        change = self.resumed_layout and describe_layout_change(self.resumed_layout, now)
-        return f"{change}; {text}" if change else text
 
     def _log(self, writer: MetricsWriter) -> dict[str, Any]:
         record: dict[str, Any] = {
@@ -372,14 +298,8 @@ class Trainer:
             **self.metrics.summarize(),
         }
         for name, engine in self.engines.items():
-            record[f"{name}_lr"] = current_lr(engine)
-            record[f"{name}_batch_size"] = engine.train_batch_size()
-            record[f"{name}_skipped_steps"] = engine.skipped_steps
-            norm = engine.get_global_grad_norm()
-            if norm is None and name in self._grad_norms:
-                norm = self._grad_norms.pop(name)
-            if norm is not None:
-                record[f"{name}_grad_norm"] = float(norm)
+            batch = self.layout.global_batch(name, self._told[1])
+            record.update(self.engine_metrics.record(name, engine, batch))
         self._collapsed = check_collapse(
             record, self.config.masking.collapse_entropy_threshold, self.is_main, self._collapsed
         )
@@ -387,124 +307,18 @@ class Trainer:
         return record
 
     def _evaluate(self, writer: MetricsWriter) -> dict[str, Any]:
-        """Masked-token loss and accuracy on the held-out split under plain random masking."""
-        start = time.perf_counter()
-        sums = validation_sums(self.encoder.module, self.validation, self.device)
-        if dist.is_initialized():
-            dist.all_reduce(sums)
-        loss_sum, correct, count = sums.tolist()
-        if not count:
-            return {}
-        record = {
-            "encoder_step": self.counters.encoder_step,
-            "val_loss": loss_sum / count,
-            "val_accuracy": correct / count,
-            "val_perplexity": float(torch.tensor(loss_sum / count).exp()),
-            "val_seconds": time.perf_counter() - start,
-            "train_seconds": self.counters.train_seconds,
-        }
-        writer.write(self.counters.step, record)
-        return record
-
-    # ----------------------------------------------------------------- checkpoints
-
-    def trainer_state(self) -> dict[str, Any]:
-        return {
-            "counters": vars(self.counters).copy(),
-            "schedule": self.schedule.state_dict(),
-            "base_batch": self.base_batch,
-            "layout": self.layout(),
-        }
-
-    def layout(self) -> dict[str, int]:
-        """How the encoder's base global batch is made: micro-batch x accumulation x ranks."""
-        micro, world = self.encoder.train_micro_batch_size_per_gpu(), self.stream.world
-        return {
-            "ranks": world,
-            "micro_batch": micro,
-            "accumulation": self.base_batch["encoder"] // (micro * world),
-            "global_batch": self.base_batch["encoder"],
-        }
-
-    def architecture(self) -> dict[str, Any]:
-        """The model settings a checkpoint is only resumed with (activation checkpointing may
-        change between runs: it changes no weight): the encoder preset, or the architecture of
-        one taken from ``--init_from`` that is no preset."""
-        m = self.config.model
-        cfg = self.encoder.module.encoder.cfg
-        settings = {"encoder": m.encoder or preset_of(cfg) or cfg.architecture()}
-        if self.noiser is not None:
-            settings.update(noiser=m.noiser, noiser_arch=m.noiser_arch,
-                            noiser_bidirectional=m.noiser_bidirectional,
-                            noiser_context_only=m.noiser_context_only)  # fmt: skip
-        return settings
+        validation = validate(self.encoder.module, self.validation, self.device)
+        if validation:
+            validation = {"encoder_step": self.counters.encoder_step, **validation,
+                          "train_seconds": self.counters.train_seconds}  # fmt: skip
+            writer.write(self.counters.step, validation)
+        return validation
 
     def save(self) -> None:
-        checkpoint.save_checkpoint(
-            self.checkpoints,
-            checkpoint.checkpoint_tag(self.counters.step),
-            self.engines,
-            self.trainer_state(),
-            self.config.run.keep_checkpoints,
-            self.architecture(),
-        )
+        self.checkpointer.save(self.counters, self.schedule, self.layout)
 
     def restore(self) -> bool:
-        """Load the newest usable checkpoint if there is one; True if something was loaded.
-
-        Any number of ranks resumes it with the micro-batch it was written with (the data
-        order is cut into micro-batches of that size). The global batch is the checkpoint's
-        unless ``--global_batch`` sets another.
-        """
-        tag = checkpoint.resume_tag(self.checkpoints, self.engines, self.architecture())
-        if tag is None:
-            return False
-        micro = self.encoder.train_micro_batch_size_per_gpu()
-        state = checkpoint.load_checkpoint(self.checkpoints, tag, self.engines)
-        self.counters = Counters(**state["counters"])
-        try:
-            self.schedule.load_state_dict(state["schedule"])
-        except ValueError as exc:
-            raise CheckpointError(f"{self.checkpoints}: {exc}") from None
-        saved = state.get("layout")
-        if saved is None:  # written when the data position counted one rank's micro-batches
-            self.counters.micro_batches *= checkpoint.saved_world_size(self.checkpoints, tag)
-        elif saved["micro_batch"] != micro:
-            raise CheckpointError(
-                f"checkpoint {tag} in {self.checkpoints} was trained with micro-batch "
-                f"{saved['micro_batch']} and this run has {micro}; resume it with --micro_batch "
-                f"{saved['micro_batch']} (the data order is cut into micro-batches of that size)"
-            )
-        if self.config.global_batch is None:
-            self.base_batch = dict(state["base_batch"])
-            for name, engine in self.engines.items():
-                unit = engine.train_micro_batch_size_per_gpu() * self.stream.world
-                check_global_batch(
-                    self.base_batch[name], unit,
-                    f"micro-batch x {self.stream.world} rank(s) = {unit}",
-                    f"the {name}'s in checkpoint {tag}; pass --global_batch to change it",
-                )  # fmt: skip
-        self.resumed_layout = saved
-        return True
-
-
-@torch.no_grad()
-def validation_sums(
-    encoder: nn.Module, batches: Iterable[Batch], device: torch.device
-) -> torch.Tensor:
-    """``[3]`` float64 sums over ``batches`` (``ValidationBatches``, or any iterable of batches)
-    of the masked positions' loss, hits and count.
-
-    Runs ``encoder`` (a ``MaskedLanguageModel``) in eval mode on ``device`` and leaves the sums
-    there: the caller reads them with one host sync, after the loop.
-    """
-    encoder.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=device)
-    for batch in batches:
-        batch = batch.to(device)
-        out = masked_lm(encoder, batch, batch.inputs, batch.random_masked)
-        sums[0] += out.token_loss.sum()
-        sums[1] += out.token_correct.sum()
-        sums[2] += batch.num_masked
-    encoder.train()
-    return sums
+        """Resume the newest usable checkpoint if there is one; True if something was loaded."""
+        layout = self.checkpointer.restore(self.counters, self.schedule, self.layout)
+        self.layout = layout or self.layout
+        return layout is not None

@@ -1,0 +1,76 @@
+"""When a run saves, and putting its stateful parts back: the checkpointer.
+
+Modelled on torchtitan's ``CheckpointManager``. The parts: the engines (weights, optimizer and
+learning-rate schedule states), the counters (optimizer steps, training time and the stream
+position: the job's global count of micro-batches), the schedule's phase, the batch layout
+and each rank's RNG. ``advpt.training.checkpoint`` writes and validates the files; the
+checkpointer decides when a save is due and restores every part, checkpoints of older formats
+included. Its ``identity`` (``checkpoint.model_identity``) is what the manifest records as the
+model, and what a resumed run must match.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from advpt.errors import CheckpointError
+from advpt.training import checkpoint
+from advpt.training.batch_layout import BatchLayout
+from advpt.training.counters import Counters
+from advpt.training.run_dir import RunDir
+from advpt.training.schedule import Schedule
+
+
+class Checkpointer:
+    """Saves every ``every`` encoder steps (and at the end) under ``run_dir``'s checkpoints,
+    keeping the ``keep`` newest. ``global_batch_given``: --global_batch replaces the global
+    batch of a resumed checkpoint."""
+
+    def __init__(
+        self,
+        run_dir: RunDir,
+        engines: checkpoint.Engines,
+        identity: dict[str, Any],
+        every: int,
+        keep: int,
+        global_batch_given: bool = False,
+    ):
+        self.root = run_dir.checkpoints
+        self.engines = engines
+        self.identity = identity
+        self.every = every
+        self.keep = keep
+        self.global_batch_given = global_batch_given
+
+    def due(self, encoder_step: int, stop_at: int) -> bool:
+        """Whether the run saves after reaching ``encoder_step`` (ending at ``stop_at``)."""
+        return encoder_step % self.every == 0 or encoder_step == stop_at
+
+    def save(self, counters: Counters, schedule: Schedule, layout: BatchLayout) -> None:
+        """Save every part as checkpoint ``step<N>`` (a collective)."""
+        state = {
+            "counters": counters.state_dict(),
+            "schedule": schedule.state_dict(),
+            **layout.state_dict(),
+        }
+        tag = checkpoint.checkpoint_tag(counters.step)
+        checkpoint.save_checkpoint(self.root, tag, self.engines, state, self.keep, self.identity)
+
+    def restore(
+        self, counters: Counters, schedule: Schedule, layout: BatchLayout
+    ) -> BatchLayout | None:
+        """Load the newest usable checkpoint into the engines, RNG, ``counters`` and
+        ``schedule``; returns ``layout`` as resumed (``BatchLayout.resumed``), or None when
+        there is no checkpoint to resume (a collective)."""
+        tag = checkpoint.resume_tag(self.root, self.engines, self.identity)
+        if tag is None:
+            return None
+        state = checkpoint.load_checkpoint(self.root, tag, self.engines)
+        counters.load_state_dict(state["counters"])
+        try:
+            schedule.load_state_dict(state["schedule"])
+        except ValueError as exc:
+            raise CheckpointError(f"{self.root}: {exc}") from None
+        if "layout" not in state:  # written when the data position counted one rank's batches
+            counters.micro_batches *= checkpoint.saved_world_size(self.root, tag)
+        return layout.resumed(state, tag, self.root, self.global_batch_given)

@@ -1,0 +1,146 @@
+"""A run directory's files, by what they hold: the one place their names are spelled.
+
+A pre-training run (``advpt.train``) writes::
+
+    config.json             every setting of the run; it names the two files below
+    ds_config.json          the encoder's DeepSpeed config as resolved (batch layout, lr)
+    ds_noiser_config.json   the noiser's, in adversarial runs
+    metrics.jsonl           one JSON object per logged step (``advpt.training.monitor``)
+    tensorboard/            the trackers' files (``advpt.training.trackers``): TensorBoard,
+    metrics.csv, wandb/,      CSV, W&B, MLflow, and the W&B and MLflow run ids
+    mlflow.db, trackers.json
+    checkpoints/            the engines' checkpoints (``advpt.training.checkpoint``)
+    report.png              the plot of ``python -m advpt.report``
+    .lock                   held by the running job (``advpt.training.run_lock``)
+
+A fine-tuning run (``advpt.finetune``) writes ``config.json``, its resolved DeepSpeed config
+``ds_config.json``, ``metrics.jsonl``, ``tensorboard/``, ``model/`` and ``results.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from advpt.errors import cannot_write
+
+LATEST = "latest"  # under checkpoints/: the tag of the newest complete checkpoint
+LOCK_FILE = ".lock"
+# A run's DeepSpeed configs as resolved, by engine: the setting of config.json that names the
+# file, and the file.
+DEEPSPEED_FILES = {
+    "encoder": ("deepspeed_config", "ds_config.json"),
+    "noiser": ("noiser_deepspeed_config", "ds_noiser_config.json"),
+    "finetune": ("deepspeed_config", "ds_config.json"),
+}
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The paths of one run directory ``root`` (nothing is touched on disk to make them)."""
+
+    root: Path
+
+    @classmethod
+    def at(cls, path: str | Path) -> RunDir:
+        return cls(Path(path))
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.json"
+
+    def deepspeed_config(self, engine: str) -> Path:
+        """The DeepSpeed config of ``engine`` (encoder, noiser or finetune) as resolved."""
+        return self.root / DEEPSPEED_FILES[engine][1]
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def deepspeed_tensorboard(self) -> Path:
+        """Where DeepSpeed's own monitor writes, when a DeepSpeed JSON enables it."""
+        return self.tensorboard / "deepspeed"
+
+    @property
+    def metrics_csv(self) -> Path:
+        return self.root / "metrics.csv"
+
+    @property
+    def wandb(self) -> Path:
+        return self.root / "wandb"
+
+    @property
+    def mlflow_db(self) -> Path:
+        return self.root / "mlflow.db"
+
+    @property
+    def tracker_ids(self) -> Path:
+        return self.root / "trackers.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def report_plot(self) -> Path:
+        return self.root / "report.png"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / LOCK_FILE
+
+    @property
+    def results(self) -> Path:
+        """A fine-tuning run's scores, written last: a run with them is finished."""
+        return self.root / "results.json"
+
+    @property
+    def model(self) -> Path:
+        """A fine-tuning run's best-validation model (``advpt.models.finetuned``)."""
+        return self.root / "model"
+
+    def holds_run(self) -> bool:
+        """Whether a pre-training run has saved a checkpoint here (``--resume`` continues it)."""
+        return (self.checkpoints / LATEST).exists()
+
+    def __fspath__(self) -> str:
+        return str(self.root)
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``path`` atomically: readers see the old content or the whole new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_config(
+    run_dir: RunDir, settings: dict[str, Any], deepspeed: dict[str, dict[str, Any]]
+) -> None:
+    """``config.json``: every setting of the run, the DeepSpeed JSONs named by the configs
+    ``deepspeed`` (engine -> config) resolved from them, written beside it. Every file is
+    written atomically, the JSONs first: ``config.json`` never names a file not yet there."""
+    settings = dict(settings)
+    try:
+        run_dir.root.mkdir(parents=True, exist_ok=True)
+        for engine, config in deepspeed.items():
+            path = run_dir.deepspeed_config(engine)
+            write_atomically(path, json.dumps(config, indent=2) + "\n")
+            settings[DEEPSPEED_FILES[engine][0]] = str(path)
+        write_atomically(run_dir.config, json.dumps(settings, indent=2) + "\n")
+    except OSError as err:
+        raise cannot_write(err, run_dir.root) from err
