@@ -26,7 +26,8 @@ frequencies) on the same positions. Equal wall time: each arm's held-out loss at
 wall time the random 20% arm of its seed took, interpolated on its validation curve (the
 trainer's validation pass, recorded with cumulative training wall time). Writes to ``--out``
 ``study.md`` and the plots ``study_scores.png``, ``study_curves.png``, ``study_residues.png``.
-Runs go under ``--runs`` (deleted and rewritten). Needs matplotlib.
+Runs go under ``--runs``, each rewritten unless ``--reuse`` keeps those a stopped study finished.
+Needs matplotlib.
 """
 
 from __future__ import annotations
@@ -82,7 +83,9 @@ ARMS = {
     "importance": "importance-weighted masking",
 }
 """Study arm (a ``VARIANTS`` name) -> its label in the report."""
-DEFAULT_ARMS = list(ARMS)[:8]  # the free heuristics, the paper's, today's and the cheap settings
+# the free heuristics, the paper's setting, the one recommended before this study and the
+# cheapest adversarial setting
+DEFAULT_ARMS = [*list(ARMS)[:6], "sparse-simultaneous"]
 BASELINE = "random"  # the equal-wall-time reference
 JUDGE = "alternating"  # the setting whose frozen noiser picks the hard positions
 SCORE_RATE = 0.2  # random masking of the held-out task and of every validation pass
@@ -191,8 +194,11 @@ def draw_batches(view: CroppedView, size: Size, draw: int, rates: tuple[float, f
     return ValidationBatches(drawn, size.micro_batch, collate, 0, 1)
 
 
-def train_judge(size: Size, runs: Path, data: str) -> None:
-    """Train the judge (the paper's setting, its own seed) and save its noiser's weights."""
+def train_judge(size: Size, runs: Path, data: str, reuse: bool = False) -> None:
+    """Train the judge (the paper's setting, its own seed) and save its noiser's weights;
+    with ``reuse``, keep a judge that a study stopped earlier finished."""
+    if reuse and (runs / "judge" / "noiser.pt").exists():
+        return
     judge = train(JUDGE, size, runs / "judge", JUDGE_SEED, data)
     torch.save(judge.noiser.module.state_dict(), runs / "judge" / "noiser.pt")
 
@@ -311,14 +317,19 @@ def unigram_job(seed: int, size: Size, runs: Path, data: str) -> dict:
     }  # fmt: skip
 
 
-def train_job(arm: str, seed: int, size: Size, runs: Path, data: str) -> dict:
-    """Train ``arm`` with ``seed``; keep its final encoder's weights for scoring."""
+def train_job(arm: str, seed: int, size: Size, runs: Path, data: str, reuse: bool = False) -> dict:
+    """Train ``arm`` with ``seed``; keep its final encoder's weights for scoring, and what the
+    report needs of the run in its ``result.json``, which ``reuse`` takes instead of training
+    again (a study stopped part-way loses only the runs under way)."""
+    saved = runs / f"{arm}-seed{seed}" / "result.json"
+    if reuse and saved.exists():
+        return json.loads(saved.read_text())
     print(f"study: seed {seed}: training {arm} ...", flush=True)
     trainer = train(arm, size, runs / f"{arm}-seed{seed}", seed, data)
     torch.save(trainer.encoder.module.state_dict(), trainer.run_dir.root / "encoder.pt")
     metrics = [json.loads(line) for line in trainer.run_dir.metrics.open()]
     print(f"study: seed {seed}: {arm}: {trainer.counters.train_seconds:.0f} s", flush=True)
-    return {
+    result = {
         "arm": arm, "seed": seed,
         "encoder_updates": trainer.counters.encoder_step,
         "noiser_updates": trainer.counters.noiser_step,
@@ -329,6 +340,8 @@ def train_job(arm: str, seed: int, size: Size, runs: Path, data: str) -> dict:
                   for r in metrics if "val_loss" in r],
         "records": [r for r in metrics if "residue_mask_enrichment" in r],
     }  # fmt: skip
+    saved.write_text(json.dumps(result))
+    return result
 
 
 def score_job(arm: str, seed: int, size: Size, runs: Path, data: str) -> dict:
@@ -352,14 +365,14 @@ def workers(jobs: int) -> Iterator[Callable[[list[tuple]], list]]:
         yield lambda calls: [f.result() for f in [pool.submit(*call) for call in calls]]
 
 
-def run_study(arms: list[str], size: Size, runs: Path, data: str) -> list[dict]:
+def run_study(arms: list[str], size: Size, runs: Path, data: str, reuse: bool) -> list[dict]:
     """Train the judge and every (arm, seed), then score them and each seed's unigram baseline."""
     seeds = range(size.seeds)
     shared = (size, runs, data)
     open_data(DataConfig(data=data))  # prepared once here, before the workers read it
     with workers(size.jobs) as run:
-        trained = run([(train_judge, *shared)] + [
-            (train_job, arm, seed, *shared) for seed in seeds for arm in arms
+        trained = run([(train_judge, *shared, reuse)] + [
+            (train_job, arm, seed, *shared, reuse) for seed in seeds for arm in arms
         ])[1:]  # fmt: skip
         print("study: scoring ...", flush=True)
         scores = run([(score_job, r["arm"], r["seed"], *shared) for r in trained])
@@ -691,6 +704,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--report_only", action="store_true", help="rewrite the report from --runs/results.json"
     )
+    parser.add_argument(
+        "--reuse", action="store_true", help="keep the runs a stopped study finished in --runs"
+    )
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
     if args.quick:
@@ -710,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
         minutes, load = results[0]["minutes"], results[0]["load"]
     else:
         start, load = time.perf_counter(), os.getloadavg()[0]
-        results = run_study(arms, size, args.runs, args.data)
+        results = run_study(arms, size, args.runs, args.data, args.reuse)
         minutes = (time.perf_counter() - start) / 60
         during = [r["load"] for r in results if "load" in r]
         load = (load, os.getloadavg()[0], min(during), max(during))
