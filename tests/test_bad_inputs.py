@@ -268,7 +268,7 @@ def test_bad_settings_are_one_sentence_on_rank_0_only(tmp_path, capsys, flags, e
     args = tiny_run_args(tmp_path, tmp_path / "run") + ["--num_workers", "0", *flags]
     other = subprocess.run(  # what another rank of a launched job prints: nothing
         [sys.executable, "-m", "advpt.train", *args], cwd=REPO,
-        env={**child_env(), "RANK": "1"}, capture_output=True, text=True,
+        env={**child_env(), "RANK": "1", "WORLD_SIZE": "2"}, capture_output=True, text=True,
     )  # fmt: skip
     assert other.returncode == 2 and "advpt: error" not in other.stderr, other.stderr[-2000:]
     assert _train(tmp_path, *flags, "--debug") == 2  # every rank, with the traceback
