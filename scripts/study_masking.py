@@ -540,6 +540,12 @@ def cell(pair: tuple[float, float], digits: int = 3) -> str:
     return f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}"
 
 
+def named(arm: str) -> str:
+    """An arm's label in the report, marked if it is ``VARIANTS["recommended"]``."""
+    recommended = VARIANTS[arm] == VARIANTS["recommended"]
+    return f"{ARMS[arm]} (**recommended**)" if recommended else ARMS[arm]
+
+
 def verdict(summary: dict, arms: list[str]) -> list[str]:
     """The study's answers in sentences: does random MLM use context, and does any
     adversarial arm beat the best free heuristic at equal time."""
@@ -580,7 +586,7 @@ def write_report(summary: dict, arms: list[str], size: Size, args, device: str, 
         s = summary[arm]
         cost = f"{s['cost']:.2f}" if costs else cell(s["time ratio"], 2)
         rows.append(
-            f"| {ARMS[arm]} | {s['updates'][0]} / {s['updates'][1]} | {cost} | "
+            f"| {named(arm)} | {s['updates'][0]} / {s['updates'][1]} | {cost} | "
             f"{cell(s['random'])} | {cell(s['random accuracy'])} | "
             f"{cell(s['hard'])} | {cell(s['hard accuracy'])} | {cell(s['equal time'])} |"
         )

@@ -306,7 +306,7 @@ sys.exit(main(sys.argv[1:]))
     [("every rank's", ""), ("mine", "advpt: error (rank 1): cannot read x.fasta: I/O error\n")],
 )
 def test_an_error_of_one_rank_is_printed_by_that_rank(whose, printed):
-    env = {**child_env(), "RANK": "1"}
+    env = {**child_env(), "RANK": "1", "WORLD_SIZE": "2"}  # rank 1 of a job of two
     done = subprocess.run(
         [sys.executable, "-c", RANK_ONE, whose], env=env, capture_output=True, text=True
     )
