@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Set up the environment, pre-train adversarially on the bundled proteome, and summarise the run.
+# Set up the environment, pre-train on the bundled proteome, and summarise the run.
 #
-#   bash scripts/quickstart.sh [--paper] [extra train.py flags]
+#   bash scripts/quickstart.sh [--paper] [extra train.py flags, e.g. --setting sparse-simultaneous]
 #
 # GPU: tape-base encoder, bf16 configs, every visible GPU. CPU: the small preset and the CPU
-# configs (200 encoder + up to 200 noiser steps: a few minutes on 2 cores once set up).
+# configs (200 encoder steps, and noiser steps if the setting has a noiser: a few minutes on 2
+# cores once set up).
 # Every stage says what it is doing; the run ends with its summary (python -m advpt.report).
 #
 # The setting is advpt.variants.VARIANTS["recommended"], the one docs/study.md's evidence
@@ -26,18 +27,18 @@ import VARIANTS; print(*VARIANTS["recommended"])')"
 fi
 RUN_DIR="runs/quickstart-$(date +%Y%m%d-%H%M%S)"
 if [ "$ADVPT_GPUS" -gt 0 ]; then
-    echo "[advpt] 2/2 pre-training on $ADVPT_GPUS GPU(s): tape-base encoder against the paper's GRU"
-    echo "[advpt]     noiser, bf16, 2,000 encoder steps alternating with 2,000 noiser steps (10 each),"
-    echo "[advpt]     on the bundled proteome (2,100 proteins), into $RUN_DIR; its summary follows"
+    echo "[advpt] 2/2 pre-training on $ADVPT_GPUS GPU(s): tape-base encoder (and the paper's GRU"
+    echo "[advpt]     noiser, if the setting has one), bf16, 2,000 encoder steps on the bundled"
+    echo "[advpt]     proteome (2,100 proteins), into $RUN_DIR; its summary follows"
     deepspeed --log_level error --num_gpus "$ADVPT_GPUS" advpt/train.py \
         --deepspeed_config gpu-bf16 --noiser_deepspeed_config gpu \
         --encoder tape-base --noiser paper --max_length 512 \
         --max_steps 2000 --warmup_steps 200 --log_every 20 --eval_every 500 \
         --checkpoint_every 500 --run_dir "$RUN_DIR" "${SETTING[@]}" "$@"
 else
-    echo "[advpt] 2/2 pre-training on the CPU: small encoder against a small GRU noiser, 200 encoder"
-    echo "[advpt]     steps alternating with up to 200 noiser steps (10 each), on the bundled proteome"
-    echo "[advpt]     (2,100 proteins), a few minutes on 2 cores, into $RUN_DIR; its summary follows"
+    echo "[advpt] 2/2 pre-training on the CPU: small encoder (and a small noiser, if the setting has"
+    echo "[advpt]     one), 200 encoder steps on the bundled proteome (2,100 proteins), a few minutes"
+    echo "[advpt]     on 2 cores, into $RUN_DIR; its summary follows"
     deepspeed --log_level error --num_gpus 1 advpt/train.py \
         --deepspeed_config cpu --noiser_deepspeed_config cpu \
         --encoder small --noiser small --max_length 128 \
@@ -47,5 +48,5 @@ fi
 echo "[advpt] done; the plots are in $RUN_DIR/report.png. Next:"
 echo "    python -m advpt.report $RUN_DIR   # this summary again (also while a run trains)"
 echo "    tensorboard --logdir $RUN_DIR/tensorboard   # every metric"
-echo "    bash scripts/quickstart.sh --mode random   # the random-MLM baseline, then compare the two:"
-echo "    python -m advpt.report $RUN_DIR runs/quickstart-<random run> --out runs/compare"
+echo "    bash scripts/quickstart.sh --setting sparse-simultaneous   # a cheap adversarial run, then"
+echo "    python -m advpt.report $RUN_DIR runs/quickstart-<other run> --out runs/compare   # compare"
