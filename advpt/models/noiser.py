@@ -46,7 +46,27 @@ NOISER_PRESETS: dict[str, NoiserConfig] = {
 NoiserPreset = Literal[tuple(NOISER_PRESETS)]  # the --noiser choices: paper | small | tiny
 
 
-class GRUNoiser(nn.Module):
+class _TwoWayNoiser(nn.Module):
+    """What the GRU and the conv noiser share: ids embedded, read forward (and backward), and
+    each position scored from its states, or from its neighbours' with ``context_only``.
+    Subclasses build their reader, then ``head``, in that order (their parameters' seeded
+    initialisation follows it)."""
+
+    def __init__(self, cfg: NoiserConfig, vocab: Vocabulary):
+        super().__init__()
+        self.hidden_size = cfg.hidden_size
+        self.bidirectional = cfg.bidirectional
+        self.context_only = cfg.context_only
+        self.embedding = nn.Embedding(vocab.size, cfg.embedding_size, padding_idx=vocab.pad_id)
+
+    def score(self, out: torch.Tensor) -> torch.Tensor:
+        """States ``[B, L, D x H]`` (forward first) -> scores ``[B, L, 1 + 2 + A]`` (float32)."""
+        if self.context_only:
+            out = neighbours_only(out, self.hidden_size, self.bidirectional)
+        return self.head(out).float()
+
+
+class GRUNoiser(_TwoWayNoiser):
     """The paper's GRU noiser; with ``context_only``, each position is scored from its
     neighbours alone: the forward state after token ``t - 1`` and the backward state after
     token ``t + 1``. The paper's noiser sees the residue it scores, so its choices can carry
@@ -55,11 +75,7 @@ class GRUNoiser(nn.Module):
     """
 
     def __init__(self, cfg: NoiserConfig, vocab: Vocabulary):
-        super().__init__()
-        self.hidden_size = cfg.hidden_size
-        self.bidirectional = cfg.bidirectional
-        self.context_only = cfg.context_only
-        self.embedding = nn.Embedding(vocab.size, cfg.embedding_size, padding_idx=vocab.pad_id)
+        super().__init__(cfg, vocab)
         self.gru = nn.GRU(
             cfg.embedding_size,
             cfg.hidden_size,
@@ -89,9 +105,7 @@ class GRUNoiser(nn.Module):
         out, _ = self.gru(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=ids.shape[1])
         out = out.index_select(0, restore)
-        if self.context_only:
-            out = neighbours_only(out, self.hidden_size, self.bidirectional)
-        return self.head(out).float()
+        return self.score(out)
 
 
 def neighbours_only(out: torch.Tensor, hidden: int, bidirectional: bool) -> torch.Tensor:
@@ -105,7 +119,7 @@ def neighbours_only(out: torch.Tensor, hidden: int, bidirectional: bool) -> torc
     return torch.cat([before, after], dim=-1)
 
 
-class ConvNoiser(nn.Module):
+class ConvNoiser(_TwoWayNoiser):
     """The GRU noiser's two directions as dilated causal convolutions (beyond the paper).
 
     A bidirectional GRU reads a sequence position by position, twice; on a GPU its steps run one
@@ -121,11 +135,7 @@ class ConvNoiser(nn.Module):
     """
 
     def __init__(self, cfg: NoiserConfig, vocab: Vocabulary):
-        super().__init__()
-        self.hidden_size = cfg.hidden_size
-        self.bidirectional = cfg.bidirectional
-        self.context_only = cfg.context_only
-        self.embedding = nn.Embedding(vocab.size, cfg.embedding_size, padding_idx=vocab.pad_id)
+        super().__init__(cfg, vocab)
         self.project = nn.Linear(cfg.embedding_size, cfg.hidden_size)
         directions = 2 if cfg.bidirectional else 1
         self.stacks = nn.ModuleList(
@@ -142,9 +152,7 @@ class ConvNoiser(nn.Module):
         x = self.project(self.embedding(ids)).transpose(1, 2) * keep  # [B, H, L]
         outs = [stack(x, keep, backward=d == 1) for d, stack in enumerate(self.stacks)]
         out = torch.cat(outs, dim=1).transpose(1, 2)  # [B, L, D x H]
-        if self.context_only:
-            out = neighbours_only(out, self.hidden_size, self.bidirectional)
-        return self.head(out).float()
+        return self.score(out)
 
 
 class _DilatedStack(nn.Module):
