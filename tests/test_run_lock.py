@@ -87,7 +87,7 @@ def test_a_lock_file_planted_as_a_link_is_refused_and_its_target_untouched(tmp_p
     user_file.write_bytes(USER_BYTES)
     _plant(kind, run_dir / LOCK_FILE, user_file)
     with RunDirLock() as lock, pytest.raises(ConfigError) as refused:
-        lock.hold(run_dir)
+        lock.hold(RunDir(run_dir))
     assert str(refused.value) == f"lock file {run_dir / LOCK_FILE} {says}"
     assert user_file.read_bytes() == USER_BYTES
 
@@ -101,9 +101,10 @@ def test_a_run_whose_lock_links_to_a_user_file_is_refused_and_the_file_kept(tmp_
     job = _train([*tiny_run_args(tmp_path, run_dir), *SHORT])
     output, _ = job.communicate(timeout=300)
     assert job.returncode == 2 and "Traceback" not in output, output[-3000:]
+    # the run-directory check sees the link first (the lock's own refusal: tested above)
     assert output.strip().splitlines()[-1] == (
-        f"advpt: error: lock file {run_dir / LOCK_FILE} is a symbolic link; advpt writes no file "
-        "through a link: remove it"
+        f"advpt: error: run directory {run_dir} holds {LOCK_FILE}, a symbolic link to a file; "
+        "advpt writes no file through a link: remove it"
     )
     assert user_file.read_bytes() == USER_BYTES
     assert [p.name for p in run_dir.iterdir()] == [LOCK_FILE]
@@ -137,10 +138,10 @@ def test_a_held_lock_with_an_unreadable_holder_record_is_refused_naming_another_
 ):
     run_dir = tmp_path / "run"
     with RunDirLock() as first:
-        first.hold(run_dir)
+        first.hold(RunDir(run_dir))
         (run_dir / LOCK_FILE).write_bytes(record)  # the same file, which the first still locks
         with RunDirLock() as second, pytest.raises(ConfigError) as refused:
-            second.hold(run_dir)
+            second.hold(RunDir(run_dir))
     assert str(refused.value).startswith(f"run directory {run_dir} is in use: another process ")
 
 
