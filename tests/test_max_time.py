@@ -116,6 +116,7 @@ def test_out_of_time_is_agreed_as_the_wall_clock():
         assert signals.agreed(True) == WALL_CLOCK
 
 
+@pytest.mark.slow  # it waits for a real deadline 20 s ahead: wall time by design, not work
 def test_a_run_stops_mid_way_leaving_time_for_its_save(tmp_path, distributed):
     """A deadline 20 s ahead: the run trains while one more step and a save fit, then saves
     and ends before the deadline, less than one margin before it."""
