@@ -95,7 +95,7 @@ def span_mask(
         cover = (position >= starts[..., None]) & (position < ends[..., None]) & free[:, None]
         # lay the spans down in order: a position belongs to the first span covering it, and
         # the row takes positions by (span, position) until its budget is used
-        first = torch.where(cover.any(1), cover.int().argmax(1), spans)  # [B, L]
+        first = torch.where(cover.any(1), cover.to(torch.uint8).argmax(1), spans)  # [B, L]
         order = (first * length + position).argsort(1)  # [B, L]
         rank = torch.empty_like(order).scatter_(1, order, position.expand_as(order))  # [B, L]
         masked |= (first < spans) & (rank < left.unsqueeze(1))
