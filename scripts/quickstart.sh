@@ -22,8 +22,8 @@ if [ "${1:-}" = "--paper" ]; then
     shift
     echo "[advpt]     setting: the paper's exact one"
 else
-    echo "[advpt]     setting: the recommended one (docs/study.md): $(python -c 'from advpt.variants
-import VARIANTS; print(*VARIANTS["recommended"])')"
+    RECOMMENDED="$(python -c 'from advpt.variants import VARIANTS; print(*VARIANTS["recommended"])')"
+    echo "[advpt]     setting: the recommended one (docs/study.md): $RECOMMENDED"
 fi
 RUN_DIR="runs/quickstart-$(date +%Y%m%d-%H%M%S)"
 if [ "$ADVPT_GPUS" -gt 0 ]; then
