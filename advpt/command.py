@@ -41,6 +41,7 @@ from advpt.errors import (
     OutputError,
     ReportError,
 )
+from advpt.launch import announced_rank
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command ended by Ctrl-C
 
@@ -57,17 +58,14 @@ ANOTHER_RANK = "another rank ended the job (a collective lost its peer); its mes
 
 
 def rank() -> int:
-    """This process's rank: its process group's, or before that exists the ``RANK`` the
-    launcher set (0 without a launcher). The one answer every printing decision uses.
-
-    A ``RANK`` that is no rank of ``WORLD_SIZE`` (not a number, too large, no world) counts as
-    0: the error it causes is this process's own, and it must be printed."""
+    """This process's rank: its process group's, or before that exists the rank its launcher
+    gave it (:func:`advpt.launch.announced_rank`: ``RANK``, srun's or mpirun's; 0 without a
+    launcher, or where it is no rank of its world). The one answer every printing decision
+    uses."""
     dist = sys.modules.get("torch.distributed")  # not imported: no process group either
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank()
-    given, world = (os.environ.get(key, "") for key in ("RANK", "WORLD_SIZE"))
-    numbers = all(v.isascii() and v.isdigit() and len(v) < 19 for v in (given, world))
-    return int(given) if numbers and int(given) < int(world) else 0
+    return announced_rank(os.environ)
 
 
 DEBUG_HELP = "on an error, show its traceback, not only its one sentence"

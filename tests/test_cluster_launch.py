@@ -1,4 +1,4 @@
-"""Rank discovery under every launcher (advpt.training.launch), real srun-style and torchrun
+"""Rank discovery under every launcher (advpt.launch), real srun-style and torchrun
 jobs of two processes, and the shipped Slurm scripts."""
 
 import os
@@ -17,7 +17,7 @@ import pytest
 from advpt.config.cli import parse
 from advpt.config.pretrain import TrainConfig
 from advpt.errors import ConfigError
-from advpt.training.launch import MPI_DEFAULT_PORT, Launch, discover, expand_hostlist, slurm_port
+from advpt.launch import MPI_DEFAULT_PORT, Launch, discover, expand_hostlist, slurm_port
 from tests.helpers import REPO, child_env, read_metrics, run_module, tiny_run_args
 
 # --- Slurm host lists ---------------------------------------------------------------------------
@@ -435,3 +435,23 @@ def test_a_step_that_ends_otherwise_is_not_requeued(tmp_path, code):
     result = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
     assert result.returncode == int(code), result.stdout + result.stderr
     assert not (tmp_path / "log" / "scontrol").exists()
+
+
+def test_an_error_every_srun_task_meets_is_printed_by_task_0_alone(tmp_path):
+    """A bad flag fails on every task before any process group exists; the rank that decides
+    who prints is srun's (SLURM_PROCID), as it is torchrun's RANK: one sentence per job."""
+    common = dict(
+        SLURM_JOB_ID="7", SLURM_STEP_ID="0", SLURM_NTASKS="2", SLURM_STEP_NUM_TASKS="2",
+        SLURM_NODEID="0", SLURM_STEP_NODELIST="n1", SLURM_NODELIST="n1",
+    )  # fmt: skip
+    args = [*short_run(tmp_path, tmp_path / "run", world=2), "--max_steps", "-1"]
+    stderr = [
+        subprocess.run(
+            [sys.executable, "-m", "advpt.train", *args], cwd=REPO, capture_output=True,
+            env=job_env(**common, SLURM_PROCID=str(i), SLURM_LOCALID=str(i)), text=True,
+            timeout=300,
+        ).stderr  # fmt: skip
+        for i in range(2)
+    ]
+    assert "advpt: error: " in stderr[0] and "max_steps" in stderr[0], stderr[0][-2000:]
+    assert "advpt: error" not in stderr[1], stderr[1][-2000:]

@@ -27,6 +27,7 @@ from advpt.data.bundled import resolve_data_path
 from advpt.data.prepare import expand_inputs, prepare, source_entry
 from advpt.data.prepared import VERSION, ProteinDataset, is_prepared, read_manifest
 from advpt.errors import DataError, OutputError
+from advpt.launch import discover
 
 CACHE_ENV = "ADVPT_DATA_CACHE"
 
@@ -130,7 +131,7 @@ def on_one_rank(work: Callable[[], None], ready: Callable[[], bool]) -> None:
     seen: list[bool | None] = [None] * dist.get_world_size()
     dist.all_gather_object(seen, ready())
     if not all(seen):
-        _work_where(work, int(os.environ.get("LOCAL_RANK", "0")) == 0 and not ready())
+        _work_where(work, discover(os.environ).local_rank == 0 and not ready())
 
 
 def _work_where(work: Callable[[], None], here: bool) -> None:

@@ -26,6 +26,7 @@ from advpt.data.prepared import ProteinDataset
 from advpt.data.sampling import sample, split
 from advpt.data.stream import MicroBatches, ValidationBatches
 from advpt.errors import CheckpointError, ConfigError
+from advpt.launch import check_meeting_point, discover, free_port, rendezvous_timeout
 from advpt.models import ENCODER_PRESETS, EncoderConfig, MaskedLanguageModel, build_noiser
 from advpt.tokenizer import Vocabulary
 from advpt.training import ranks
@@ -35,7 +36,6 @@ from advpt.training.checkpointer import Checkpointer
 from advpt.training.compilation import compile_engine
 from advpt.training.consolidate import load_model
 from advpt.training.engines import build_engine, load_ds_config, read_ds_config
-from advpt.training.launch import check_meeting_point, discover, free_port, rendezvous_timeout
 from advpt.training.preemption import StopSignals
 from advpt.training.run_dir import RunDir
 from advpt.training.schedule import noiser_lr_steps, random_only_steps
@@ -65,7 +65,7 @@ def _unlink_shared_buffer() -> None:
 
 def init_distributed() -> torch.device:
     """Join the process group of the launcher that started this process (the deepspeed
-    launcher, torchrun, srun or mpirun: :mod:`advpt.training.launch`), or make a group of one
+    launcher, torchrun, srun or mpirun: :mod:`advpt.launch`), or make a group of one
     without one; rank 0 says which it found.
 
     A port already taken surfaces here, in torch's TCPStore on rank 0 (EADDRINUSE): it becomes

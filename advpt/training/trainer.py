@@ -47,12 +47,7 @@ from advpt.training.batch_layout import BatchLayout
 from advpt.training.checkpointer import Checkpointer
 from advpt.training.compilation import describe_compile_time
 from advpt.training.counters import Counters
-from advpt.training.monitor import (
-    EngineMetrics,
-    MetricsAccumulator,
-    MetricsWriter,
-    check_collapse,
-)
+from advpt.training.monitor import EngineMetrics, MetricsAccumulator, MetricsWriter, check_collapse
 from advpt.training.objective import AdversarialObjective
 from advpt.training.phases import PHASES
 from advpt.training.preemption import StopSignals, WallClock, ignore_in_worker, job_deadline

@@ -104,6 +104,26 @@ def discover(env: Mapping[str, str]) -> Launch:
     return _one_process("none", env)
 
 
+def announced_rank(env: Mapping[str, str]) -> int:
+    """The rank the launcher's variables in ``env`` give this process, in :func:`discover`'s
+    order of precedence but without the rest of what it needs: it decides which rank prints an
+    error met before the process group exists. 0 where no launcher gives one, or where it is no
+    rank of its world (that error is this process's own and must be printed)."""
+    if "RANK" in env:
+        rank_key, world_key = "RANK", "WORLD_SIZE"
+    elif _is_srun_task(env):
+        rank_key = "SLURM_PROCID"
+        world_key = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
+    elif "OMPI_COMM_WORLD_SIZE" in env:
+        rank_key, world_key = "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"
+    else:
+        return 0
+    try:
+        return _rank(env, rank_key, _world(env, world_key))
+    except (ConfigError, KeyError):
+        return 0
+
+
 def _one_process(launcher: str, env: Mapping[str, str]) -> Launch:
     """A world of one: it meets itself on this machine, on a free port unless one is given."""
     port = _port(env) if "MASTER_PORT" in env else free_port()
