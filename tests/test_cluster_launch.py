@@ -445,13 +445,11 @@ def test_an_error_every_srun_task_meets_is_printed_by_task_0_alone(tmp_path):
         SLURM_NODEID="0", SLURM_STEP_NODELIST="n1", SLURM_NODELIST="n1",
     )  # fmt: skip
     args = [*short_run(tmp_path, tmp_path / "run", world=2), "--max_steps", "-1"]
+    env = [job_env(**common, SLURM_PROCID=str(i), SLURM_LOCALID=str(i)) for i in range(2)]
+    command = [sys.executable, "-m", "advpt.train", *args]
     stderr = [
-        subprocess.run(
-            [sys.executable, "-m", "advpt.train", *args], cwd=REPO, capture_output=True,
-            env=job_env(**common, SLURM_PROCID=str(i), SLURM_LOCALID=str(i)), text=True,
-            timeout=300,
-        ).stderr  # fmt: skip
-        for i in range(2)
+        subprocess.run(command, cwd=REPO, env=e, capture_output=True, text=True, timeout=300).stderr
+        for e in env
     ]
     assert "advpt: error: " in stderr[0] and "max_steps" in stderr[0], stderr[0][-2000:]
     assert "advpt: error" not in stderr[1], stderr[1][-2000:]
