@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up the environment, then run the tests (docs/testing.md).
 #
-#   bash scripts/test.sh [pytest args]          every test, what CI runs (.ci/run)
+#   bash scripts/test.sh [pytest args]          every test, what CI runs (.ci/run), on 2 workers
 #   bash scripts/test.sh --fast [pytest args]   the fast tier: no slow, process or multirank
 #                                               test, and none may take over 10 s
 # Both list the 30 slowest tests at the end.
@@ -9,4 +9,9 @@ export ADVPT_EXTRAS=dev
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 ruff check .
 ruff format --check .
-python -m pytest -q --durations=30 "$@"
+# Every test runs on two workers (pytest-xdist), one per core of a 2-core CI machine; set
+# ADVPT_TEST_WORKERS for more. The fast tier runs in one process, where its 10 s limit
+# measures a test alone, not beside another.
+workers=(-n "${ADVPT_TEST_WORKERS:-2}" --dist worksteal)
+case " $* " in *" --fast "* | *" -n "* | *" --numprocesses"*) workers=() ;; esac
+python -m pytest -q --durations=30 "${workers[@]}" "$@"

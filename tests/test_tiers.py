@@ -89,3 +89,18 @@ def test_fast_runs_the_rest_and_fails_a_test_over_the_limit(suite):
         ["*test_suite.py::test_slow_but_unmarked took 0.* s, over the fast tier's 0.25 s*"]
     )
     suite.runpytest("--fast").assert_outcomes(passed=3, deselected=6)
+
+
+def test_the_slowest_tiers_run_first_in_file_order_within_each(suite):
+    listed = suite.runpytest("--collect-only", "-q").outlines
+    assert [line.split("::")[1] for line in listed if "::" in line] == [
+        "test_marked_slow",  # slow
+        "test_launcher",  # multirank (and process)
+        "test_helper",  # process, in file order
+        "test_subprocess_in_a_table",
+        "test_fixture",
+        "test_parametrized[there]",
+        "test_plain",  # the rest, in file order
+        "test_parametrized[here]",
+        "test_slow_but_unmarked",
+    ]

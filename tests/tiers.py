@@ -1,5 +1,5 @@
 """Test tiers, a pytest plugin (``tests/conftest.py`` loads it): marks found from each test's
-code, and ``--fast``.
+code, ``--fast``, and the slowest tiers run first.
 
 A test is marked ``process`` when its own code, the test helpers it calls, its fixtures or its
 parameters reach ``subprocess`` or a helper marked :func:`starts_process`, and ``multirank`` (as
@@ -110,6 +110,10 @@ def pytest_collection_modifyitems(config, items):
         fast = [item for item in items if not any(map(item.get_closest_marker, SLOW_TIERS))]
         config.hook.pytest_deselected(items=[item for item in items if item not in fast])
         items[:] = fast
+    # The longest tiers first (a stable sort, in file order within each): on several workers
+    # (scripts/test.sh), the short tests then fill in around the long ones instead of one long
+    # test starting last while the other workers have nothing left.
+    items.sort(key=lambda item: [not item.get_closest_marker(m) for m in SLOW_TIERS])
 
 
 @pytest.hookimpl(wrapper=True)
