@@ -12,6 +12,6 @@ ruff format --check .
 # Every test runs on two workers (pytest-xdist), one per core of a 2-core CI machine; set
 # ADVPT_TEST_WORKERS for more. The fast tier runs in one process, where its 10 s limit
 # measures a test alone, not beside another.
-workers=(-n "${ADVPT_TEST_WORKERS:-2}" --dist worksteal)
+workers=(-n "${ADVPT_TEST_WORKERS:-2}" --dist load --maxschedchunk 1)
 case " $* " in *" --fast "* | *" -n "* | *" --numprocesses"*) workers=() ;; esac
 python -m pytest -q --durations=30 "${workers[@]}" "$@"
