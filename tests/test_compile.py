@@ -46,7 +46,7 @@ def trainers(tmp_path, encoder: str):
     data = varied_fasta(tmp_path / "varied.fasta")
     flags = [
         "--encoder", encoder, "--noiser_arch", "transformer", "--data", str(data),
-        "--max_length", "64", "--micro_batch", "4", "--bucket_batches", "2",
+        "--max_length", "64", "--micro_batch", "4", "--bucket_batches", "2", "--max_steps", "2",
     ]  # fmt: skip
     # Adam's eps well above the smallest gradients: a first step of lr x sign(g) would turn a
     # 1e-9 gradient's rounding into a full step (the zero-initialised noiser head has such)
