@@ -112,8 +112,7 @@ def announced_rank(env: Mapping[str, str]) -> int:
     if "RANK" in env:
         rank_key, world_key = "RANK", "WORLD_SIZE"
     elif _is_srun_task(env):
-        rank_key = "SLURM_PROCID"
-        world_key = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
+        rank_key, world_key = "SLURM_PROCID", _srun_tasks_var(env)
     elif "OMPI_COMM_WORLD_SIZE" in env:
         rank_key, world_key = "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"
     else:
@@ -172,8 +171,13 @@ def _is_srun_task(env: Mapping[str, str]) -> bool:
     return step.isdigit() and int(step) < _SPECIAL_STEPS
 
 
+def _srun_tasks_var(env: Mapping[str, str]) -> str:
+    """The variable holding the task count of this srun step (the job's, where not given)."""
+    return "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
+
+
 def _from_srun(env: Mapping[str, str]) -> Launch:
-    tasks_var = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
+    tasks_var = _srun_tasks_var(env)
     world = _world(env, tasks_var) if tasks_var in env else 1
     if world == 1:
         return _one_process("srun", env)
