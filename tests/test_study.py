@@ -56,6 +56,7 @@ def test_quick_study_writes_the_table_and_plots(tmp_path):
     assert _mean_std(cells[1][2]) == (1.0, 0.0)  # random 20% is the time reference
     assert "| random 15% | " in report.split("minus the best free heuristic's")[1]  # paired
     assert "**Do the encoders use context?**" in report and "**Does adversarial" in report
+    assert "python scripts/study_masking.py --size quick\n" in report  # as it ran: no --reuse
     for png in ("study_scores.png", "study_curves.png", "study_residues.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({png})" in report
@@ -88,6 +89,17 @@ def test_quick_study_writes_the_table_and_plots(tmp_path):
     table = {line.split(" | ")[0].removesuffix(marker): line.split(" | ") for line in main_table}
     assert table["| paper: alternating, 10% random + 10% noiser"][2] == "2.00"
     assert table["| random 40%"][2] == "1.00"
+
+    # a study started again with --reuse trains nothing it finished, and says so
+    reused = subprocess.run(
+        [*command, "--reuse"], cwd=REPO, env=child_env(), capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert reused.returncode == 0, reused.stderr[-3000:]
+    report = (out / "study.md").read_text()
+    assert "python scripts/study_masking.py --size quick --reuse\n" in report
+    assert "to train what an earlier, stopped study had not finished" in report
+    assert json.loads((runs / "results.json").read_text())[0]["reused"] is True
 
 
 def _study():
