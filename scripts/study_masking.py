@@ -559,7 +559,8 @@ def verdict(summary: dict, arms: list[str]) -> list[str]:
         f"{'under' if gap >= 0 else 'over'} its loss. The goal was {CONTEXT_GOAL[0]:g}x and "
         f"{CONTEXT_GOAL[1]:g} nats: "
         + ("met." if met else "**not met**: the encoders have only begun to use context, so "
-           "differences between arms are early-training differences.")
+           "differences between arms are early-training differences (docs/methods.md: what "
+           "other settings and twice the updates reach).")
     ]  # fmt: skip
     best = summary["best heuristic"]
     adversarial = [a for a in arms if a not in HEURISTICS]
