@@ -1,8 +1,9 @@
 """Resuming on another number of ranks: 2 -> 1 -> 2 ranks at ZeRO 0 and 2, real launcher runs.
 
 The reference is an uninterrupted 2-rank run. Its global batch of 16 is micro-batch 8 x 1
-accumulation step x 2 ranks; resumed on one rank it is 8 x 2 x 1. Both sum the same 16
-sequences' gradients, in another order: 2 ranks all-reduce two per-rank means, one rank adds two
+accumulation step x 2 ranks, and grows to 32 (8 x 2 x 2) after half the run; resumed on one rank
+it is 8 x 2 x 1, then 8 x 4 x 1. Each layout sums the same sequences' gradients, in another
+order: 2 ranks all-reduce two per-rank means, one rank adds two
 micro-batch means in turn. fp32 addition is not associative, so the weights may differ by a few
 ulps per step and the losses by about 1e-7 relative; 1e-5 relative leaves room for that over a
 few steps and is far below what a repeated or skipped micro-batch, a lost Adam moment or a
@@ -13,12 +14,14 @@ the ranks.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from advpt.training.consolidate import load_encoder
 from tests.helpers import launch, read_metrics, run_module, write_ds_config
 
 pytestmark = pytest.mark.slow
@@ -27,20 +30,25 @@ RTOL = 1e-5
 
 
 def _args(tmp_path: Path, run_dir: Path, stage: int) -> list[str]:
-    """A random-MLM run of 6 encoder steps at global batch 16, checkpoints every 2 steps."""
+    """A random-MLM run of 6 encoder steps at global batch 16, which grows to 32 after step 3;
+    checkpoints every 2 steps."""
     ds = write_ds_config(tmp_path / "encoder.json", world=2, zero_optimization={"stage": stage})
     return [
         "--deepspeed_config", ds, "--mode", "random", "--encoder", "esm2_tiny",
         "--max_length", "48", "--warmup_steps", "2", "--val_max_batches", "2",
         "--max_steps", "6", "--checkpoint_every", "2", "--log_every", "1", "--eval_every", "0",
-        "--num_workers", "0", "--batch_growth", "false", "--run_dir", str(run_dir),
+        "--num_workers", "0", "--batch_growth_at", "0.5", "--run_dir", str(run_dir),
     ]  # fmt: skip
 
 
-def _losses(run_dir: Path) -> dict[int, tuple[float, float]]:
-    """Encoder step -> (loss, learning rate) of every logged step."""
+def _losses(run_dir: Path) -> dict[int, tuple[float, float, int]]:
+    """Encoder step -> (loss, learning rate, global batch) of every logged step."""
     rows = [r for r in read_metrics(run_dir) if "encoder_loss" in r]
-    return {r["encoder_step"]: (r["encoder_loss"], r["encoder_lr"]) for r in rows}
+    assert all(r["encoder_skipped_steps"] == 0 for r in rows)
+    return {
+        r["encoder_step"]: (r["encoder_loss"], r["encoder_lr"], r["encoder_batch_size"])
+        for r in rows
+    }
 
 
 def _ok(done) -> None:
@@ -48,10 +56,16 @@ def _ok(done) -> None:
 
 
 @pytest.mark.parametrize("stage", [0, 2])
-def test_two_ranks_to_one_to_two_trains_as_an_uninterrupted_run(tmp_path, stage):
+def test_two_ranks_to_one_to_two_trains_as_an_uninterrupted_run(tmp_path, distributed, stage):
+    """Across the batch's growth too, which the one-rank part passes. At ZeRO 2 the checkpoint of
+    two ranks is also loaded into one in this process (a copy of the run directory): into a
+    trainer, whose optimizer state is compared with the saved one, and as an fp32 encoder."""
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     _ok(launch(_args(tmp_path, whole, stage)))
     _ok(launch([*_args(tmp_path, parts, stage), "--stop_after_steps", "2"]))
+    if stage == 2:
+        resharded = Path(shutil.copytree(parts, tmp_path / "resharded"))
+        _optimizer_state_resharded_onto_one_rank_equals_the_saved_one(tmp_path, resharded)
     one = run_module([*_args(tmp_path, parts, stage), "--resume", "--stop_after_steps", "2"])
     _ok(one)
     assert (
@@ -59,27 +73,28 @@ def test_two_ranks_to_one_to_two_trains_as_an_uninterrupted_run(tmp_path, stage)
         "(unchanged), accumulation 1 -> 2, global batch 16 (unchanged)"
     ) in one.stdout + one.stderr
     _ok(launch([*_args(tmp_path, parts, stage), "--resume"]))
+    assert json.loads((parts / "config.json").read_text())["run"]["resume"] is True
 
     expected, resumed = _losses(whole), _losses(parts)
     assert sorted(resumed) == sorted(expected) == list(range(1, 7))  # no step twice or missing
     for step in expected:
+        assert resumed[step][2] == expected[step][2] == (16 if step <= 3 else 32), step
         assert resumed[step][1] == pytest.approx(expected[step][1], rel=1e-12)  # LR schedule
         assert resumed[step][0] == pytest.approx(expected[step][0], rel=RTOL), step
 
 
-def test_optimizer_state_resharded_from_two_ranks_equals_the_saved_one(tmp_path, distributed):
-    """ZeRO-2's flat partitions of two ranks, loaded into one: every parameter's fp32 weights and
-    Adam moments equal the saved ones, reassembled here by DeepSpeed's own zero_to_fp32 (which
-    concatenates the partitions in parameter order, not through the fragment map)."""
+def _optimizer_state_resharded_onto_one_rank_equals_the_saved_one(tmp_path, run_dir):
+    """ZeRO-2's flat partitions of two ranks (``run_dir``, stopped after step 2), loaded into one:
+    every parameter's fp32 weights and Adam moments equal the saved ones, reassembled here by
+    DeepSpeed's own zero_to_fp32 (which concatenates the partitions in parameter order, not
+    through the fragment map)."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
     from advpt.config.cli import parse
     from advpt.config.pretrain import TrainConfig
     from advpt.training.build import build_trainer
 
-    run_dir = tmp_path / "run"
     args = _args(tmp_path, run_dir, stage=2)
-    _ok(launch([*args, "--stop_after_steps", "2"]))
     tag = (run_dir / "checkpoints" / "latest").read_text().strip()
     saved = {key: _saved_full(run_dir / "checkpoints" / "encoder", tag, key, tmp_path) for key in
              ("fp32", "exp_avg", "exp_avg_sq")}  # fmt: skip
@@ -100,6 +115,11 @@ def test_optimizer_state_resharded_from_two_ranks_equals_the_saved_one(tmp_path,
     groups = torch.load(file, weights_only=False)["optimizer_state_dict"]["base_optimizer_state"]
     lrs = [group["lr"] for group in groups["param_groups"]]
     assert [group["lr"] for group in adam.param_groups] == lrs != fresh
+
+    # and as the fp32 encoder a user loads (one file per rank's partition in the checkpoint)
+    assert len(list((run_dir / "checkpoints" / "encoder" / tag).glob("*optim_states.pt"))) == 2
+    for name, weight in load_encoder(run_dir).named_parameters():
+        assert torch.equal(weight, saved["fp32"][f"encoder.{name}"]), name
 
 
 def _saved_full(encoder_dir: Path, tag: str, key: str, tmp_path: Path) -> dict[str, torch.Tensor]:

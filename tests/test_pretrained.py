@@ -19,7 +19,7 @@ from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, ProteinEncoder
 from advpt.models.exports import load_export, save_export
 from advpt.tokenizer import TAPE
 from advpt.training.consolidate import load_encoder
-from tests.helpers import REPO, launch, pretrain_tiny, tiny_run_args
+from tests.helpers import REPO, pretrain_tiny
 
 ZERO_CONFIGS = {
     "zero0": {},
@@ -48,6 +48,7 @@ def _hidden(encoder: ProteinEncoder, ids: torch.Tensor, valid: torch.Tensor) -> 
 # ----------------------------------------------------------------------------- advpt runs
 
 
+# (A two-rank ZeRO-2 checkpoint, one partition a rank, loaded in one process: test_elastic_resume.)
 @pytest.mark.parametrize("name", ZERO_CONFIGS)
 def test_run_directory_loads_as_fp32_for_every_zero_stage(tmp_path, distributed, name):
     trainer = pretrain_tiny(tmp_path, tmp_path / "run", **ZERO_CONFIGS[name])
@@ -67,23 +68,6 @@ def test_run_directory_loads_as_fp32_for_every_zero_stage(tmp_path, distributed,
         else:
             assert torch.equal(weight, expected[n]), n
     assert carries_fp32_precision == mixed
-
-
-@pytest.mark.slow
-def test_two_rank_zero2_run_loads_in_one_process(tmp_path):
-    run_dir = tmp_path / "run"
-    args = tiny_run_args(tmp_path, run_dir, world=2, zero_optimization={"stage": 2}) + [
-        "--mode", "random", "--max_steps", "2", "--checkpoint_every", "2", "--num_workers", "0",
-    ]  # fmt: skip
-    done = launch(args)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    shards = sorted(
-        p.name for p in (run_dir / "checkpoints" / "encoder").glob("*/*optim_states.pt")
-    )
-    assert len(shards) == 2  # one ZeRO partition per rank
-    encoder = load_encoder(run_dir)
-    ids, valid = _batch([12, 9])
-    assert torch.isfinite(_hidden(encoder, ids, valid)).all()
 
 
 # ----------------------------------------------------------------------------- exports

@@ -110,10 +110,11 @@ def test_a_4096_sequence_global_batch_through_accumulation(tmp_path, distributed
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", [2, 3])  # stage 1 runs in-process above
-def test_two_rank_zero_run_with_batch_growth_stops_and_resumes(tmp_path, stage):
+def test_two_rank_zero_3_run_with_batch_growth_stops_and_resumes(tmp_path):
+    """Stage 1 runs in-process above; stage 2 on two ranks, resumed across the growth, in
+    ``test_elastic_resume``."""
     run_dir = tmp_path / "run"
-    args = tiny_run_args(tmp_path, run_dir, world=2, zero_optimization={"stage": stage}) + [
+    args = tiny_run_args(tmp_path, run_dir, world=2, zero_optimization={"stage": 3}) + [
         "--max_steps", "4", "--noiser_steps", "2", "--encoder_steps", "2", "--log_every", "1",
         "--eval_every", "4", "--checkpoint_every", "2", "--batch_growth_at", "0.5",
         "--num_workers", "0",
