@@ -201,15 +201,17 @@ def test_embed_stopped_while_preparing_its_input_keeps_nothing_and_runs_again(hf
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("stop", [signal.SIGUSR1, signal.SIGINT])
-def test_embed_stopped_while_embedding_keeps_nothing_and_runs_again(hf_model, tmp_path, stop):
+def test_embed_stopped_while_embedding_keeps_nothing_and_runs_again(hf_model, tmp_path):
     # Thousands of one-record batches: the embedding lasts seconds after its staging folder
-    # beside --out appears, and the signal comes then.
+    # beside --out appears, and the signal comes then. Stopped by SIGUSR1, started again and
+    # stopped by SIGINT, then run to its end.
     many = {f"r{i}": RECORDS["long"] for i in range(4000)}
     args = _embed_command(hf_model[1], write_fasta(tmp_path / "in.fasta", many), tmp_path)
     (tmp_path / "out").mkdir()
-    job = start_module(args, "advpt.embed")
-    wait_until(job, lambda: list((tmp_path / "out").glob(".emb.npz.*")), "the embedding")
-    stopped_as_promised(job, stop)
-    _nothing_half_written(tmp_path)
+    staging = lambda: list((tmp_path / "out").glob(".emb.npz.*"))  # noqa: E731
+    for stop in (signal.SIGUSR1, signal.SIGINT):
+        job = start_module(args, "advpt.embed")
+        wait_until(job, staging, "the embedding")
+        stopped_as_promised(job, stop)
+        _nothing_half_written(tmp_path)
     _embedded_afterwards(args, tmp_path, len(many))

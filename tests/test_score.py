@@ -344,24 +344,25 @@ def test_score_stopped_while_reading_its_mutations_keeps_nothing_and_runs_again(
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("stop", [signal.SIGUSR1, signal.SIGINT])
-def test_score_stopped_while_scoring_keeps_nothing_and_runs_again(hf_model, tmp_path, stop):
+def test_score_stopped_while_scoring_keeps_nothing_and_runs_again(hf_model, tmp_path):
     # A thousand sites, one forward pass each: once the mutations file is read and closed, the
     # command loads the model and scores for seconds, and the signal comes then.
     # (The file is a named pipe the test writes: it knows when the command has read it all.)
+    # Stopped by SIGUSR1, started again and stopped by SIGINT, then run to its end.
     mutations, out = tmp_path / "mutations.csv", tmp_path / "out" / "scores.csv"
-    os.mkfifo(mutations)
     out.parent.mkdir()
     args = _score_command(hf_model[1], mutations, out)
-    job = start_module(args, "advpt.score")
     rows = [{"mutant": f"{letter}{i + 1}A"} for i, letter in enumerate(LONG_WILD_TYPE)]
-    with os.fdopen(_reader_waits(job, mutations), "w", newline="") as handle:
-        writer = csv.DictWriter(handle, ["mutant"])
-        writer.writeheader()
-        writer.writerows(rows)
-    wait_until(job, lambda: not holds_open(job, mutations), "scoring")
-    stopped_as_promised(job, stop)
-    assert list(out.parent.iterdir()) == []
-    mutations.unlink()
+    for stop in (signal.SIGUSR1, signal.SIGINT):
+        os.mkfifo(mutations)
+        job = start_module(args, "advpt.score")
+        with os.fdopen(_reader_waits(job, mutations), "w", newline="") as handle:
+            writer = csv.DictWriter(handle, ["mutant"])
+            writer.writeheader()
+            writer.writerows(rows)
+        wait_until(job, lambda job=job: not holds_open(job, mutations), "scoring")
+        stopped_as_promised(job, stop)
+        assert list(out.parent.iterdir()) == []
+        mutations.unlink()
     write_csv(mutations, rows)
     _scored_afterwards(args, out, len(rows))
