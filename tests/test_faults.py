@@ -170,14 +170,14 @@ def _run_with_kills(
 
 
 @pytest.mark.slow
-def test_killed_at_random_moments_then_resumed_matches_an_uninterrupted_run(tmp_path):
+def test_killed_at_random_moments_then_resumed_matches_an_uninterrupted_run(tmp_path, distributed):
     schedule = [
         "--max_steps", "30", "--noiser_steps", "3", "--encoder_steps", "4", "--log_every", "1",
         "--eval_every", "10", "--checkpoint_every", "3", "--keep_checkpoints", "2",
         "--num_workers", "1",
     ]  # fmt: skip
-    whole = tmp_path / "whole"
-    done = run_module(tiny_run_args(tmp_path, whole) + schedule)
+    whole = tmp_path / "whole"  # the reference, trained in this process
+    done = run_in_process(tiny_run_args(tmp_path, whole) + schedule)
     assert done.returncode == 0, done.stderr[-2000:]
 
     seed = random.randrange(10**6)

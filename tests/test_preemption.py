@@ -26,6 +26,7 @@ from tests.helpers import (
     launch,
     launcher_command,
     read_metrics,
+    run_in_process,
     run_module,
     tiny_run_args,
     without_wall_clock,
@@ -79,9 +80,9 @@ def _stopped_step(output: str, run_dir: Path, signal_name: str) -> int:
     return step
 
 
-def test_sigusr1_to_a_process_and_its_loader_worker_stops_after_the_step(tmp_path):
-    whole = tmp_path / "whole"
-    done = run_module(tiny_run_args(tmp_path, whole) + SCHEDULE + ["--num_workers", "0"])
+def test_sigusr1_to_a_process_and_its_loader_worker_stops_after_the_step(tmp_path, distributed):
+    whole = tmp_path / "whole"  # the reference, trained in this process
+    done = run_in_process(tiny_run_args(tmp_path, whole) + SCHEDULE + ["--num_workers", "0"])
     assert done.returncode == 0, done.stderr[-3000:]
 
     parts = tmp_path / "parts"

@@ -12,6 +12,7 @@ from tests.helpers import (
     bundled_clusters,
     launch,
     read_metrics,
+    run_in_process,
     run_module,
     tiny_run_args,
     without_wall_clock,
@@ -23,7 +24,7 @@ def _deterministic(records: list[dict], after_step: int) -> list[dict]:
     return without_wall_clock([r for r in records if r["step"] > after_step])
 
 
-def test_stopped_and_resumed_run_matches_an_uninterrupted_one(tmp_path):
+def test_stopped_and_resumed_run_matches_an_uninterrupted_one(tmp_path, distributed):
     # Stopping after an odd number of steps of each engine, before the batch grows, catches a
     # resumed engine that counts its accumulation window from the restart instead of the run.
     # Cluster sampling: the member drawn for each cluster is part of what must resume exactly.
@@ -34,8 +35,8 @@ def test_stopped_and_resumed_run_matches_an_uninterrupted_one(tmp_path):
         "--noiser_start_at", "0.25", "--num_workers", "1", "--sample_by", "cluster",
         "--clusters", str(bundled_clusters(tmp_path / "clusters.tsv")),
     ]  # fmt: skip
-    whole = tmp_path / "whole"
-    done = run_module(tiny_run_args(tmp_path, whole) + schedule)
+    whole = tmp_path / "whole"  # the reference, trained in this process
+    done = run_in_process(tiny_run_args(tmp_path, whole) + schedule)
     assert done.returncode == 0, done.stderr[-3000:]
 
     parts = tmp_path / "parts"
