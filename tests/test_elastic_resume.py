@@ -1,15 +1,14 @@
 """Resuming on another number of ranks: 2 -> 1 -> 2 ranks at ZeRO 0 and 2, real launcher runs.
 
 The reference is an uninterrupted 2-rank run. Its global batch of 16 is micro-batch 8 x 1
-accumulation step x 2 ranks, and grows to 32 (8 x 2 x 2) after half the run; resumed on one rank
-it is 8 x 2 x 1, then 8 x 4 x 1. Each layout sums the same sequences' gradients, in another
-order: 2 ranks all-reduce two per-rank means, one rank adds two
-micro-batch means in turn. fp32 addition is not associative, so the weights may differ by a few
-ulps per step and the losses by about 1e-7 relative; 1e-5 relative leaves room for that over a
-few steps and is far below what a repeated or skipped micro-batch, a lost Adam moment or a
-reset LR schedule changes (1e-2 and more here). The tiny ESM-2 preset has no dropout, and
-random masking is seeded by the global micro-batch number, so no other randomness depends on
-the ranks.
+accumulation step x 2 ranks, and grows to 32 (8 x 2 x 2) after half the run; resumed on one rank it
+is 8 x 2 x 1, then 8 x 4 x 1. Each layout sums the same sequences' gradients, in another order: 2
+ranks all-reduce their per-rank means, one rank adds its micro-batch means in turn. fp32 addition is
+not associative, so the weights may differ by a few ulps per step and the losses by about 1e-7
+relative; 1e-5 relative leaves room for that over a few steps and is far below what a repeated or
+skipped micro-batch, a lost Adam moment or a reset LR schedule changes (1e-2 and more here). The
+tiny ESM-2 preset has no dropout, and random masking is seeded by the global micro-batch number, so
+no other randomness depends on the ranks.
 """
 
 from __future__ import annotations
