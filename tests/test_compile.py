@@ -4,9 +4,13 @@ break and no recompilation once each kind of call has compiled.
 Compiling on two shared CPU cores takes minutes, so these tests are ``slow``. Inductor draws
 dropout's random numbers from its own generator; ``fallback_random`` makes it draw them as eager
 PyTorch does, so that the two trainers see the same dropout masks and the same noiser draws.
-The comparisons compile inductor's C++ kernels without SIMD (``cpp.vec_isa_ok``): the graphs,
+The comparisons compile inductor's C++ kernels without SIMD (``cpp.simdlen = 1``): the graphs,
 and so what advpt decides (which calls compile, how often, in which phase), are the same, and
-g++ takes a third less time; the benchmark test below compiles with SIMD, as a run does.
+g++ takes a third less time; the tiny trainer's run after them and the benchmark test below
+compile with SIMD, as a run does. Not ``cpp.vec_isa_ok = False``: torch caches the machine's
+SIMD kinds once per process with that setting's value at the first compile, so a later
+compile with SIMD in the same process that finds its kernels in inductor's on-disk cache
+(written by a process with SIMD) builds vectorised code without the SIMD headers and fails.
 """
 
 from __future__ import annotations
@@ -123,7 +127,7 @@ def test_compiled_training_equals_eager_without_recompiling(
     drawn = dict(zip((True, False), batches(eager), strict=True))
     firsts = [drawn[padded][0] for padded in padding]
     breaks = sum(counters["graph_break"].values())
-    with torch._inductor.config.patch({"fallback_random": True, "cpp.vec_isa_ok": False}):
+    with torch._inductor.config.patch({"fallback_random": True, "cpp.simdlen": 1}):
         # every kind of call compiles on its first micro-batch: each phase, padded or not
         for seed, phase in enumerate(phases):
             assert_same_step(eager, compiled, phase, (firsts * 2)[:2], seed)
