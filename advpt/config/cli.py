@@ -133,7 +133,12 @@ def build_parser(root: type) -> argparse.ArgumentParser:
             groups[setting.section] = parser.add_argument_group(
                 f"{setting.section} settings", inspect.getdoc(section)
             )
-        groups[setting.section].add_argument(f"--{setting.name}", **_flag_kwargs(setting))
+        if setting.name == getattr(root, "POSITIONAL", None):  # a list[str] the root names
+            parser.add_argument(
+                setting.name, nargs="+", metavar=setting.name.upper(), help=setting.help
+            )
+        else:
+            groups[setting.section].add_argument(f"--{setting.name}", **_flag_kwargs(setting))
     return parser
 
 

@@ -87,7 +87,7 @@ def _describe(kind: Any) -> str:
         text = " | ".join(str(a) for a in get_args(kind))
     else:
         names = {bool: "true or false", int: "a 64-bit integer", float: "a finite number"}
-        text = {**names, str: "a string"}.get(kind, str(kind))
+        text = {**names, str: "a string", list[str]: "a list of strings"}.get(kind, str(kind))
     return f"{text} or unset" if optional else text
 
 
@@ -108,6 +108,8 @@ def checked(name: str, value: Any, kind: Any, source: str) -> Any:
         value = float(value) if ok else value
     elif inner is int:  # 64 bits: what numpy and torch hold
         ok = isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
+    elif get_origin(inner) is list:  # list[str], the one list a setting holds
+        ok = isinstance(value, list) and all(isinstance(item, str) for item in value)
     else:
         ok = isinstance(value, inner)
     if not ok:
