@@ -6,7 +6,7 @@
 #                                               test, and none may take over 10 s
 # Both list the 30 slowest tests at the end.
 export ADVPT_EXTRAS=dev
-source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/setup_eval.sh"
 ruff check .
 ruff format --check .
 # Every test runs on two workers (pytest-xdist), one per core of a 2-core CI machine; set

@@ -1,0 +1,229 @@
+"""The suite's data, prepared once from installed packages: ``python -m advpt.downstream.prepare``.
+
+Two of the suite's tasks need work before any model is scored, both for a homology-aware split:
+
+* secondary structure: every chain of ProMod3's StructureDB (``promod3-data``) with its DSSP
+  states, clustered by MMseqs2 at 30% identity; clusters go whole to train (80%), validation
+  (10%) or test (10%);
+* localisation: Swiss-Prot proteins with one compartment (``metastudent-data``; see
+  :mod:`advpt.downstream.localisation`), a seeded sample of at most ``LOCALISATION_POOL`` of
+  them, clustered and split the same way.
+
+They are written to ``<cache>/downstream-v<VERSION>/`` (``--cache``, else ``$ADVPT_EVAL_CACHE``,
+else ``~/.cache/advpt/downstream``) as ``secondary_structure.npz``, ``localisation.npz`` and a
+``manifest.json`` naming the source files with their sizes and modification times: an entry is
+reused while they match, and made again when a package is reinstalled or upgraded. The entry is
+written beside its place and moved in when complete, so a stopped or failed preparation leaves
+nothing. The mutational scans need no preparation (:mod:`advpt.downstream.dms` reads them in
+seconds). Nothing is downloaded: a missing package is one sentence naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from advpt.command import command, stopping_on_signals
+from advpt.data.keyed import Permutation
+from advpt.data.prepare import building, source_entry
+from advpt.downstream.homology import cluster_ids, split_clusters
+from advpt.downstream.localisation import SWISSPROT, read_localisation
+from advpt.downstream.structure_db import STRUCTURE_DB, read_structure_db
+from advpt.errors import ConfigError, DataError, cannot_write
+
+VERSION = 1  # of the entry's layout and of how it is made: a change makes every entry anew
+CACHE_ENV = "ADVPT_EVAL_CACHE"
+IDENTITY, COVERAGE = 0.3, 0.8  # MMseqs2 clusters: 30% identity over 80% of both sequences
+HELD_OUT = (0.1, 0.1)  # shares of the clusters on the validation and test sides
+SPLIT_SEED = 0  # the split is part of the benchmark: fixed, whatever --seed a run takes
+LOCALISATION_POOL = 30_000  # proteins clustered for localisation (all would take an hour)
+
+
+def cache_root(cache: str = "") -> Path:
+    """``cache``, else ``$ADVPT_EVAL_CACHE``, else ``$XDG_CACHE_HOME/advpt/downstream``, else
+    ``~/.cache/advpt/downstream``."""
+    if cache:
+        return Path(cache)
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "advpt" / "downstream"
+
+
+@dataclass(frozen=True)
+class Proteins:
+    """Sequences of one task with per-residue or per-protein labels and their split.
+
+    ``residues`` uint8 ``[R]`` (the letters, record after record) with ``offsets`` ``[N + 1]``;
+    ``labels``: per residue uint8 ``[R]`` (DSSP letters) or per protein int64 ``[N]``;
+    ``side`` int8 ``[N]`` (0 train, 1 valid, 2 test); ``names`` ``[N]``."""
+
+    names: np.ndarray
+    residues: np.ndarray
+    offsets: np.ndarray
+    labels: np.ndarray
+    side: np.ndarray
+
+    def sequence(self, i: int) -> str:
+        return self.residues[self.offsets[i] : self.offsets[i + 1]].tobytes().decode()
+
+    def residue_labels(self, i: int) -> np.ndarray:
+        """Per-residue labels ``[L_i]`` of record ``i``."""
+        return self.labels[self.offsets[i] : self.offsets[i + 1]]
+
+    @classmethod
+    def of(cls, names: list[str], sequences: list[str], labels: np.ndarray, side: np.ndarray):
+        offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
+        np.cumsum([len(s) for s in sequences], out=offsets[1:])
+        residues = np.frombuffer("".join(sequences).encode(), np.uint8)
+        return cls(np.array(names), residues, offsets, labels, side)
+
+    def save(self, path: Path) -> None:
+        np.savez(path, **{k: getattr(self, k) for k in self.__dataclass_fields__})
+
+    @classmethod
+    def load(cls, path: Path) -> Proteins:
+        try:
+            with np.load(path) as npz:
+                return cls(**{k: npz[k] for k in cls.__dataclass_fields__})
+        except (OSError, ValueError, KeyError) as err:
+            raise DataError(
+                f"prepared evaluation file {path} cannot be read ({err}); delete it and run "
+                "python -m advpt.downstream.prepare"
+            ) from None
+
+
+def _split(sequences: list[str], what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Cluster numbers and sides ``[N]`` of ``sequences``, with a progress line."""
+    start = time.perf_counter()
+    print(f"[advpt] clustering {len(sequences):,} {what} at {IDENTITY:.0%} identity (MMseqs2)")
+    clusters = cluster_ids(sequences, IDENTITY, COVERAGE)
+    print(f"[advpt]   {clusters.max() + 1:,} clusters in {time.perf_counter() - start:.0f} s")
+    return clusters, split_clusters(clusters, HELD_OUT, SPLIT_SEED)
+
+
+def prepare_secondary_structure(path: Path, out: Path, limit: int | None = None) -> int:
+    """Chains of the StructureDB ``path`` (the first ``limit``) with DSSP letters and cluster
+    sides, to ``out``."""
+    chains = read_structure_db(path, limit)
+    sequences = [chain.sequence for chain in chains]
+    _, side = _split(sequences, "PDB chains")
+    dssp = np.frombuffer("".join(chain.dssp for chain in chains).encode(), np.uint8)
+    Proteins.of([c.name for c in chains], sequences, dssp, side).save(out)
+    return len(chains)
+
+
+def prepare_localisation(folder: Path, out: Path, limit: int | None = None) -> int:
+    """A seeded sample of the single-compartment proteins (of the first ``limit`` annotated
+    ones), with cluster sides, to ``out``."""
+    proteins = read_localisation(folder, limit)
+    keep = np.arange(len(proteins.sequences))
+    if len(keep) > LOCALISATION_POOL:
+        keep = np.sort(Permutation(len(keep), SPLIT_SEED, 1)(np.arange(LOCALISATION_POOL)))
+    sequences = [proteins.sequences[i] for i in keep]
+    _, side = _split(sequences, "Swiss-Prot proteins")
+    names = [proteins.accessions[i] for i in keep]
+    Proteins.of(names, sequences, proteins.labels[keep], side).save(out)
+    return len(keep)
+
+
+@dataclass(frozen=True)
+class EvalData:
+    """A prepared entry (its folder) and the tasks' data in it."""
+
+    folder: Path
+
+    def secondary_structure(self) -> Proteins:
+        return Proteins.load(self.folder / "secondary_structure.npz")
+
+    def localisation(self) -> Proteins:
+        return Proteins.load(self.folder / "localisation.npz")
+
+
+def _sources(structure_db: Path, swissprot: Path) -> dict[str, dict]:
+    cco = swissprot / "CCO"
+    files = {"structure_db": structure_db, "cco_annotations": cco / "goasp_annot.dat"}
+    files |= {"cco_sequences": cco / "goasp.fasta.psq"}
+    return {name: source_entry(path) for name, path in files.items() if path.exists()}
+
+
+def _is_current(folder: Path, sources: dict[str, dict]) -> bool:
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return manifest.get("version") == VERSION and manifest.get("sources") == sources
+
+
+def ensure(
+    cache: str = "",
+    limit: int | None = None,
+    structure_db: Path = STRUCTURE_DB,
+    swissprot: Path = SWISSPROT,
+) -> EvalData:
+    """The prepared entry under ``cache``, made first when absent or stale; with ``limit``
+    (quick looks and tests) an entry of the first ``limit`` chains and proteins only."""
+    name = f"downstream-v{VERSION}" + (f"-first{limit}" if limit is not None else "")
+    folder = cache_root(cache) / name
+    sources = _sources(structure_db, swissprot)
+    if _is_current(folder, sources):
+        return EvalData(folder)
+    print(f"[advpt] preparing the evaluation data into {folder} (once; a few minutes)")
+    start = time.perf_counter()
+    try:
+        with building(folder) as tmp:
+            chains = prepare_secondary_structure(
+                structure_db, tmp / "secondary_structure.npz", limit
+            )
+            proteins = prepare_localisation(swissprot, tmp / "localisation.npz", limit)
+            manifest = {
+                "version": VERSION, "sources": sources, "chains": chains,
+                "localisation_proteins": proteins, "identity": IDENTITY, "coverage": COVERAGE,
+                "held_out": HELD_OUT, "split_seed": SPLIT_SEED,
+            }  # fmt: skip
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    except OSError as err:
+        raise cannot_write(err, folder) from err
+    print(f"[advpt] evaluation data ready in {time.perf_counter() - start:.0f} s")
+    return EvalData(folder)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m advpt.downstream.prepare",
+        description="Prepare the downstream suite's data from the installed packages.",
+    )
+    parser.add_argument(
+        "--cache",
+        default="",
+        help="cache folder; empty is $ADVPT_EVAL_CACHE, else ~/.cache/advpt/downstream",
+    )
+    parser.add_argument(
+        "--limit",
+        type=int,
+        help="only the first LIMIT chains and proteins of each source: a quick look (tests)",
+    )
+    return parser
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    """Exit code 0, 2 with one sentence naming what is missing, 75 when stopped (nothing kept)."""
+    args = build_parser().parse_args(argv)
+    with stopping_on_signals():
+        if args.limit is not None and args.limit < 1:
+            raise ConfigError("--limit must be positive")
+        data = ensure(args.cache, args.limit)
+    print(f"evaluation data: {data.folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

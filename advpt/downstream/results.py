@@ -1,0 +1,103 @@
+"""The suite's results: ``results.json``, a Markdown table and a bar plot, one row per subject."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from advpt.downstream.suite import Subject
+from advpt.errors import WRITE_ERRORS, cannot_write
+from advpt.inference import atomic_output
+
+COLUMNS = (
+    ("secondary_structure", "q3", "SS Q3"),
+    ("secondary_structure", "q8", "SS Q8"),
+    ("zero_shot", "gb1_binding", "0-shot GB1"),
+    ("zero_shot", "abeta42_nucleation", "0-shot Abeta42"),
+    ("zero_shot", "tdp43_toxicity", "0-shot TDP-43"),
+    ("supervised", "gb1_binding", "GB1 ridge"),
+    ("stability", "zero_shot", "stab. 0-shot"),
+    ("stability", "ridge", "stab. ridge"),
+    ("localisation", "accuracy", "loc. acc."),
+)
+"""(task, score, heading) of each column: accuracies for SS and localisation, Spearman's rho
+for the rest."""
+
+
+def columns(subjects: list[Subject]) -> list[tuple[str, str, str]]:
+    """The columns some subject has a score for."""
+    return [c for c in COLUMNS if any(c[1] in s.scores.get(c[0], {}) for s in subjects)]
+
+
+def value(subject: Subject, task: str, key: str) -> float:
+    return subject.scores.get(task, {}).get(key, math.nan)
+
+
+def markdown_table(subjects: list[Subject]) -> str:
+    shown = columns(subjects)
+    lines = [
+        "| subject | kind | " + " | ".join(c[2] for c in shown) + " |",
+        "| --- | --- |" + " ---: |" * len(shown),
+    ]
+    for s in subjects:
+        cells = [_cell(value(s, task, key)) for task, key, _ in shown]
+        lines.append(f"| {s.name} | {s.kind} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.3f}"
+
+
+def plot(subjects: list[Subject], path: Path) -> bool:
+    """One panel per column, a bar per subject, to ``path``; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    shown = columns(subjects)
+    fig, axes = plt.subplots(1, len(shown), figsize=(2.2 * len(shown), 3.6), squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (task, key, heading) in zip(axes[0], shown, strict=True):
+        heights = [value(s, task, key) for s in subjects]
+        ax.bar(range(len(subjects)), heights, color=colours[: len(subjects)])
+        ax.set_title(heading, fontsize=9)
+        ax.set_xticks([])
+        ax.axhline(0, color="black", linewidth=0.5)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[i]) for i in range(len(subjects))]
+    fig.legend(handles, [s.name for s in subjects], loc="lower center", ncol=min(4, len(subjects)))
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    with atomic_output(path) as staging:
+        fig.savefig(staging, dpi=110, format="png")
+    plt.close(fig)
+    return True
+
+
+def as_json(header: dict[str, Any], subjects: list[Subject]) -> dict[str, Any]:
+    return {
+        **header,
+        "subjects": [
+            {"name": s.name, "kind": s.kind, "scores": s.scores, "seconds": s.seconds}
+            for s in subjects
+        ],
+    }
+
+
+def write(out: Path, header: dict[str, Any], subjects: list[Subject]) -> list[Path]:
+    """``results.json``, ``results.md`` and ``results.png`` (with matplotlib) in ``out``."""
+    written = [out / "results.json", out / "results.md"]
+    try:
+        with atomic_output(written[0]) as staging:
+            staging.write_text(json.dumps(as_json(header, subjects), indent=2) + "\n")
+        with atomic_output(written[1]) as staging:
+            staging.write_text(markdown_table(subjects))
+        if plot(subjects, out / "results.png"):
+            written.append(out / "results.png")
+    except WRITE_ERRORS as err:
+        raise cannot_write(err, out) from err
+    return written

@@ -1,0 +1,86 @@
+"""The downstream suite: ``python -m advpt.evaluate MODEL [MODEL ...] --out DIR``.
+
+Each ``MODEL`` is any directory advpt loads (an advpt run directory or export, a transformers
+ESM-2 directory, a TAPE ``save_pretrained`` directory). Its encoder is frozen and scored on the
+tasks of :mod:`advpt.downstream.suite`, beside the context-free baseline and a randomly
+initialised encoder of each model's shape, so that a reader sees what pre-training added. The
+data comes from installed packages, prepared once into a cache
+(:mod:`advpt.downstream.prepare`). Writes ``results.json``, ``results.md`` and ``results.png``
+to ``--out`` and prints the table. Seeded: the same command gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from advpt.command import command, stopping_on_signals
+from advpt.config.cli import parse
+from advpt.config.evaluate import EvaluateConfig
+from advpt.downstream import prepare, results
+from advpt.downstream.suite import Inputs, Subject, context_free, encoder_subject, run_suite
+from advpt.errors import OutputError
+from advpt.inference import load_for_inference, pick_device
+from advpt.models.encoder import MaskedLanguageModel
+from advpt.models.weights import encoder_of
+
+
+def subjects_of(config: EvaluateConfig, device: torch.device) -> list[Subject]:
+    """The context-free baseline, then for each model a random encoder of its shape (once per
+    shape) and the model itself; baselines only with ``--baselines``."""
+    subjects = [context_free()] if config.baselines else []
+    shapes: list[dict] = []
+    for path in config.model:
+        model = load_for_inference(path, device)
+        cfg = encoder_of(model).cfg
+        if config.baselines and cfg.architecture() not in shapes:
+            shapes.append(cfg.architecture())
+            torch.manual_seed(config.seed)
+            fresh = MaskedLanguageModel(cfg).to(device).eval()
+            name = f"random init ({cfg.family}, {cfg.num_layers}x{cfg.hidden_size})"
+            subjects.append(encoder_subject(name, "random init", fresh, config.tokens_per_batch))
+        subjects.append(encoder_subject(path, "model", model, config.tokens_per_batch))
+    return subjects
+
+
+def check_out(config: EvaluateConfig) -> Path:
+    out = Path(config.out)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"--out {out} is a file; name a folder for the results")
+    if (out / "results.json").exists() and not config.overwrite:
+        raise OutputError(f"--out {out} already holds results.json; pass --overwrite to replace it")
+    return out
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    """Exit code 0, 2 with one sentence naming the bad input, 75 when stopped (no results
+    written)."""
+    config = parse(EvaluateConfig, argv)
+    out = check_out(config)
+    start = time.perf_counter()
+    with stopping_on_signals():
+        device = pick_device(config.device)
+        subjects = subjects_of(config, device)
+        inputs = Inputs(config, prepare.ensure(config.cache, config.data_limit))
+        run_suite(subjects, inputs, print)
+    header = {
+        "command": "python -m advpt.evaluate " + " ".join(sys.argv[1:] if argv is None else argv),
+        "date": datetime.date.today().isoformat(),
+        "seconds": round(time.perf_counter() - start, 1),
+        "config": {k: v for k, v in vars(config).items()},
+        "device": str(device),
+    }
+    written = results.write(out, header, subjects)
+    print()
+    print(results.markdown_table(subjects))
+    print(f"results: {', '.join(str(p) for p in written)} ({header['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
