@@ -54,16 +54,21 @@ import torch
 
 from advpt.command import DEBUG_HELP, command
 from advpt.config.cli import parse
+from advpt.config.evaluate import EvaluateConfig
 from advpt.config.pretrain import DataConfig, OptimConfig, TrainConfig
 from advpt.data.bundled import BUNDLED_PROTEOME
 from advpt.data.collate import Batch, MaskingCollator
 from advpt.data.dataset import CroppedView
 from advpt.data.stream import ValidationBatches
 from advpt.data.unigram import residue_counts, unigram_log_probs
+from advpt.downstream import prepare as downstream_data
+from advpt.downstream.results import COLUMNS
+from advpt.downstream.suite import Inputs, context_free, encoder_subject, run_suite
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
 from advpt.training.build import build_data, build_trainer, init_distributed, open_data
 from advpt.training.engines import simple_ds_config
 from advpt.training.objective import AdversarialObjective, masked_lm
+from advpt.training.schedule import random_only_steps
 from advpt.training.trainer import Trainer
 from advpt.variants import VARIANTS
 
@@ -78,18 +83,20 @@ ARMS = {
     "context-warmup": "context-only GRU noiser from 25% of the updates",
     "sparse-alternating": "conv noiser, 1 noiser step per 4 encoder steps",
     "sparse-simultaneous": "conv noiser, a joint step every 2nd step",
+    "sparse-simultaneous-40": "the same at 30% random + 10% noiser",
     "context-only": "context-only noiser",
     "simultaneous": "simultaneous schedule",
     "importance": "importance-weighted masking",
 }
 """Study arm (a ``VARIANTS`` name) -> its label in the report."""
-# the free heuristics, the paper's setting, the one recommended before this study and the
-# cheapest adversarial setting
-DEFAULT_ARMS = [*list(ARMS)[:6], "sparse-simultaneous"]
+# the free heuristics, the paper's setting, the cheapest adversarial setting, and the same on
+# top of the best free rate
+DEFAULT_ARMS = [*list(ARMS)[:5], "sparse-simultaneous", "sparse-simultaneous-40"]
 BASELINE = "random"  # the equal-wall-time reference
 JUDGE = "alternating"  # the setting whose frozen noiser picks the hard positions
 SCORE_RATE = 0.2  # random masking of the held-out task and of every validation pass
 JUDGE_SEED = 1000
+EQUAL_COMPUTE_WEIGHTS = "encoder-equal-compute.pt"  # beside encoder.pt (the final encoder)
 DRAW_SEED = 10_000  # crop windows, masks and judge draws of the final scores
 DEVICE = torch.device("cpu")  # this process's device, set by start_process
 MIN_LR = OptimConfig().min_lr_ratio  # the library's; every run keeps it
@@ -118,20 +125,35 @@ class Size:
     jobs: int  # runs at a time, each a process of one thread (1: all in the main process)
     noiser_lr: float = 1e-3
     encoder_lr: float = 1e-3
+    downstream: tuple[str, ...] = ()  # python -m advpt.evaluate's flags for each encoder
 
 
+QUICK_DOWNSTREAM = (
+    "--data_limit", "400", "--ss_train_chains", "20", "--ss_test_chains", "20",
+    "--localisation_train", "40", "--localisation_test", "40", "--fitness_train", "40",
+    "--fitness_test", "100", "--max_residues", "128",
+)  # fmt: skip
+STUDY_DOWNSTREAM = (
+    "--ss_train_chains", "300", "--ss_test_chains", "300", "--localisation_train", "1000",
+    "--localisation_test", "500", "--fitness_test", "2000", "--max_residues", "512",
+)  # fmt: skip
 SIZES = {
-    "quick": Size("tiny", "tiny", 32, 8, 4, 2, 2, 1, 2, 1, noiser_lr=1e-2),
-    "cpu": Size("small", "small", 64, 16, 800, 10, 16, 4, 3, 2),
-    "gpu": Size("small", "small", 256, 64, 2000, 10, 20, 8, 3, 1),
+    "quick": Size("tiny", "tiny", 32, 8, 4, 2, 2, 1, 2, 1, 1e-2, 1e-3, QUICK_DOWNSTREAM),
+    "cpu": Size("small", "small", 64, 16, 800, 10, 16, 4, 3, 2, downstream=STUDY_DOWNSTREAM),
+    "gpu": Size("small", "small", 256, 64, 2000, 10, 20, 8, 3, 1, downstream=("--size", "cpu")),
 }
 
 
 # ------------------------------------------------------------------------------------ runs
 
 
-def run_config(variant: str, size: Size, run_dir: Path, seed: int, data: str) -> TrainConfig:
+def run_config(
+    variant: str, size: Size, run_dir: Path, seed: int, data: str, extra: tuple[str, ...] = ()
+) -> TrainConfig:
+    """The run of ``variant`` with ``seed``; a prepared corpus with a ``clusters.tsv`` (the
+    Swiss-Prot corpus, ``python -m advpt.data.swissprot``) is split by its clusters."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
+    clusters = Path(data) / "clusters.tsv"
     encoder_json = run_dir.parent / "encoder.json"
     noiser_json = run_dir.parent / "noiser.json"
     # fp32 on one rank, torch's AdamW: no DeepSpeed op is compiled on any machine
@@ -149,15 +171,41 @@ def run_config(variant: str, size: Size, run_dir: Path, seed: int, data: str) ->
         "--val_max_batches", "0", "--val_masking_rate", str(SCORE_RATE),
         "--log_every", str(max(1, size.cycle)), "--checkpoint_every", str(n),
         "--num_workers", "0", "--seed", str(seed), "--run_dir", str(run_dir),
+        *(["--clusters", str(clusters)] if clusters.is_file() else []), *extra,
     ])  # fmt: skip
 
 
-def train(variant: str, size: Size, run_dir: Path, seed: int, data: str) -> Trainer:
+def train(
+    variant: str, size: Size, run_dir: Path, seed: int, data: str, cost: float = 1.0
+) -> Trainer:
+    """Train ``variant``; where its ``cost`` per update exceeds random MLM's, the encoder at the
+    update random MLM's budget buys is kept as ``encoder-equal-compute.pt`` on the way: the run
+    stops there and resumes (the library's exact resume), so both come from one run."""
     config = run_config(variant, size, run_dir, seed, data)
     shutil.rmtree(run_dir, ignore_errors=True)
+    snapshot = equal_compute_step(config, cost)
+    if snapshot < config.optim.max_steps:
+        first = run_config(
+            variant, size, run_dir, seed, data, ("--stop_after_steps", str(snapshot))
+        )
+        trainer = build_trainer(first, DEVICE)
+        trainer.train()
+        torch.save(trainer.encoder.module.state_dict(), run_dir / EQUAL_COMPUTE_WEIGHTS)
+        config = run_config(variant, size, run_dir, seed, data, ("--resume", "true"))
     trainer = build_trainer(config, DEVICE)
     trainer.train()
     return trainer
+
+
+def equal_compute_step(config: TrainConfig, cost: float) -> int:
+    """The encoder update at which a run of ``config`` has spent what random MLM spends on all
+    of its updates, at ``cost`` per adversarial update (random-only warm-up steps cost 1); an arm
+    no dearer than random MLM is charged its full run (it is not trained longer)."""
+    n = config.optim.max_steps
+    if cost <= 1.0:
+        return n
+    warmup = random_only_steps(n, config.method.noiser_start_at) if config.adversarial else n
+    return min(n, round(steps_for_compute(n, warmup, cost)))
 
 
 # ------------------------------------------------------------------------------------ scoring
@@ -317,15 +365,18 @@ def unigram_job(seed: int, size: Size, runs: Path, data: str) -> dict:
     }  # fmt: skip
 
 
-def train_job(arm: str, seed: int, size: Size, runs: Path, data: str, reuse: bool = False) -> dict:
-    """Train ``arm`` with ``seed``; keep its final encoder's weights for scoring, and what the
-    report needs of the run in its ``result.json``, which ``reuse`` takes instead of training
-    again (a study stopped part-way loses only the runs under way)."""
+def train_job(
+    arm: str, seed: int, size: Size, runs: Path, data: str, cost: float, reuse: bool = False
+) -> dict:
+    """Train ``arm`` with ``seed``; keep its final encoder's weights for scoring (and those at
+    equal compute, :func:`train`), and what the report needs of the run in its
+    ``result.json``, which ``reuse`` takes instead of training again (a study stopped part-way
+    loses only the runs under way)."""
     saved = runs / f"{arm}-seed{seed}" / "result.json"
     if reuse and saved.exists():
         return json.loads(saved.read_text())
     print(f"study: seed {seed}: training {arm} ...", flush=True)
-    trainer = train(arm, size, runs / f"{arm}-seed{seed}", seed, data)
+    trainer = train(arm, size, runs / f"{arm}-seed{seed}", seed, data, cost)
     torch.save(trainer.encoder.module.state_dict(), trainer.run_dir.root / "encoder.pt")
     metrics = [json.loads(line) for line in trainer.run_dir.metrics.open()]
     print(f"study: seed {seed}: {arm}: {trainer.counters.train_seconds:.0f} s", flush=True)
@@ -334,6 +385,7 @@ def train_job(arm: str, seed: int, size: Size, runs: Path, data: str, reuse: boo
         "encoder_updates": trainer.counters.encoder_step,
         "noiser_updates": trainer.counters.noiser_step,
         "warmup_steps": trainer.random_only_steps,
+        "equal_compute_step": equal_compute_step(trainer.config, cost),
         "seconds": trainer.counters.train_seconds,
         "load": os.getloadavg()[0],  # the machine's, over the run's last minute
         "curve": [(r["encoder_step"], r["train_seconds"], r["val_loss"])
@@ -342,6 +394,43 @@ def train_job(arm: str, seed: int, size: Size, runs: Path, data: str, reuse: boo
     }  # fmt: skip
     saved.write_text(json.dumps(result))
     return result
+
+
+def downstream_config(size: Size, runs: Path) -> EvaluateConfig:
+    """The downstream suite's settings for every encoder of the study (``size.downstream``)."""
+    return parse(EvaluateConfig, [str(runs), *size.downstream])
+
+
+def downstream_job(
+    arm: str, seed: int, size: Size, runs: Path, weights: str, reuse: bool = False
+) -> dict:
+    """The downstream suite's scores of the encoder ``weights`` of ``arm`` and ``seed``, kept
+    beside them (``reuse`` takes them instead of scoring again)."""
+    saved = runs / f"{arm}-seed{seed}" / f"downstream-{Path(weights).stem}.json"
+    if reuse and saved.exists():
+        return json.loads(saved.read_text())
+    config = downstream_config(size, runs)
+    model = MaskedLanguageModel(ENCODER_PRESETS[size.encoder])
+    model.load_state_dict(torch.load(runs / f"{arm}-seed{seed}" / weights))
+    name = f"{arm}-seed{seed}/{weights}"
+    subject = encoder_subject(name, "model", model.to(DEVICE).eval(), config.tokens_per_batch)
+    inputs = Inputs(config, downstream_data.ensure(config.cache, config.data_limit))
+    run_suite([subject], inputs, lambda line: print(f"study: {line}", flush=True))
+    saved.write_text(json.dumps(subject.scores))
+    return subject.scores
+
+
+def downstream_baselines_job(size: Size, runs: Path) -> dict:
+    """The suite's scores of the context-free baseline and of a random encoder of the study's
+    shape (seed 0): what pre-training adds is measured against them."""
+    config = downstream_config(size, runs)
+    torch.manual_seed(config.seed)
+    fresh = MaskedLanguageModel(ENCODER_PRESETS[size.encoder]).to(DEVICE).eval()
+    tokens = config.tokens_per_batch
+    subjects = [context_free(), encoder_subject("random init", "random init", fresh, tokens)]
+    inputs = Inputs(config, downstream_data.ensure(config.cache, config.data_limit))
+    run_suite(subjects, inputs, lambda line: print(f"study: {line}", flush=True))
+    return {s.kind: s.scores for s in subjects}
 
 
 def score_job(arm: str, seed: int, size: Size, runs: Path, data: str) -> dict:
@@ -365,21 +454,44 @@ def workers(jobs: int) -> Iterator[Callable[[list[tuple]], list]]:
         yield lambda calls: [f.result() for f in [pool.submit(*call) for call in calls]]
 
 
-def run_study(arms: list[str], size: Size, runs: Path, data: str, reuse: bool) -> list[dict]:
-    """Train the judge and every (arm, seed), then score them and each seed's unigram baseline."""
+def run_study(
+    arms: list[str], size: Size, runs: Path, data: str, reuse: bool, costs: dict[str, float] | None
+) -> tuple[list[dict], dict]:
+    """Train the judge and every (arm, seed), then score them and each seed's unigram baseline
+    on held-out masked tokens, and every encoder, at equal updates and at equal compute, and
+    the downstream baselines on the downstream suite."""
     seeds = range(size.seeds)
     shared = (size, runs, data)
     open_data(DataConfig(data=data))  # prepared once here, before the workers read it
+    evaluation = downstream_config(size, runs)
+    downstream_data.ensure(evaluation.cache, evaluation.data_limit)  # likewise
+    cost = (costs or {}).get
     with workers(size.jobs) as run:
         trained = run([(train_judge, *shared, reuse)] + [
-            (train_job, arm, seed, *shared, reuse) for seed in seeds for arm in arms
+            (train_job, arm, seed, *shared, cost(arm, 1.0), reuse)
+            for seed in seeds for arm in arms
         ])[1:]  # fmt: skip
         print("study: scoring ...", flush=True)
         scores = run([(score_job, r["arm"], r["seed"], *shared) for r in trained])
         unigrams = run([(unigram_job, seed, *shared) for seed in seeds])
+        print("study: the downstream suite ...", flush=True)
+        snapshots = [(r, name) for r in trained for name in downstream_snapshots(r)]
+        downstream = run([(downstream_baselines_job, size, runs)] + [
+            (downstream_job, r["arm"], r["seed"], size, runs, name, reuse)
+            for r, name in snapshots
+        ])  # fmt: skip
     for r, scored in zip(trained, scores, strict=True):
         r.update(scored)
-    return unigrams + trained
+    for (r, name), scored in zip(snapshots, downstream[1:], strict=True):
+        r.setdefault("downstream", {})[name] = scored
+    return unigrams + trained, downstream[0]
+
+
+def downstream_snapshots(result: dict) -> list[str]:
+    """The weights files of a run the suite scores: the final encoder, and the one at equal
+    compute where the run kept one."""
+    dearer = result["equal_compute_step"] < result["encoder_updates"]
+    return ["encoder.pt", EQUAL_COMPUTE_WEIGHTS] if dearer else ["encoder.pt"]
 
 
 def add_equal_compute(results: list[dict], costs: dict[str, float] | None) -> None:
@@ -433,6 +545,182 @@ def summarize(results: list[dict], arms: list[str], costs: dict | None) -> dict[
     out["best heuristic"] = best
     out["seeds"] = len({r["seed"] for r in results if r["arm"] == best})
     return out
+
+
+# ------------------------------------------------------------------------------- downstream
+
+PAPER_TABLE_2 = {  # the paper's Table 2, fine-tuned on TAPE (random MLM / adversarial)
+    ("secondary_structure", "q3"): "SS 72.1 / 72.7%",
+    ("localisation", "accuracy"): "remote homology 19.2 / 20.0%",
+    ("supervised", "gb1_binding"): "fluorescence 0.678 / 0.677",
+    ("stability", "ridge"): "stability 0.626 / 0.630",
+}
+
+
+def downstream_scores(result: dict, at: str) -> dict:
+    """A run's suite scores at ``updates`` (its final encoder) or ``compute`` (at equal
+    compute: the snapshot where the run kept one, else the final encoder)."""
+    scored = result["downstream"]
+    if at == "compute" and EQUAL_COMPUTE_WEIGHTS in scored:
+        return scored[EQUAL_COMPUTE_WEIGHTS]
+    return scored["encoder.pt"]
+
+
+def column_value(scores: dict, column: tuple[str, str, str]) -> float:
+    return scores.get(column[0], {}).get(column[1], math.nan)
+
+
+def summarize_downstream(results: list[dict], arms: list[str]) -> dict:
+    """Per column of the suite: each arm's (mean, std) over seeds at equal updates and at
+    equal compute, the best free heuristic at equal compute (every score is higher-better),
+    and each arm's scores minus that heuristic's, seed by seed, with the seeds it is better in."""
+    trained = [r for r in results if "downstream" in r]
+    columns = [
+        c
+        for c in COLUMNS
+        if any(not math.isnan(column_value(downstream_scores(r, "updates"), c)) for r in trained)
+    ]
+    out: dict = {"columns": columns, "baselines": results[0].get("downstream baselines", {})}
+    for column in columns:
+        per_arm = {}
+        for arm in arms:
+            rows = [r for r in trained if r["arm"] == arm]
+            per_arm[arm] = {
+                at: mean_std([column_value(downstream_scores(r, at), column) for r in rows])
+                for at in ("updates", "compute")
+            }
+        heuristics = [a for a in arms if a in HEURISTICS]
+        best = max(heuristics, key=lambda a: per_arm[a]["compute"][0])
+        reference = {r["seed"]: r for r in trained if r["arm"] == best}
+        for arm in arms:
+            rows = [r for r in trained if r["arm"] == arm]
+            differences = [
+                column_value(downstream_scores(r, "compute"), column)
+                - column_value(downstream_scores(reference[r["seed"]], "compute"), column)
+                for r in rows
+            ]
+            per_arm[arm]["vs best"] = mean_std(differences)
+            per_arm[arm]["wins"] = sum(d > 0 for d in differences)
+            per_arm[arm]["seeds"] = len(differences)
+        out[column] = {"arms": per_arm, "best": best}
+    return out
+
+
+def downstream_verdict(downstream: dict, arms: list[str]) -> str:
+    """Where an adversarial arm beats the best free heuristic at equal compute: a higher mean,
+    better in every seed; or the plain statement that none does."""
+    adversarial = [a for a in arms if a not in HEURISTICS]
+    wins = []
+    for column in downstream["columns"]:
+        for arm in adversarial:
+            s = downstream[column]["arms"][arm]
+            if s["vs best"][0] > 0 and s["wins"] == s["seeds"]:
+                wins.append(f"{ARMS[arm]} on {column[2]} ({cell(s['vs best'])} over "
+                            f"{ARMS[downstream[column]['best']]})")  # fmt: skip
+    pairs = len(adversarial) * len(downstream["columns"])
+    seeds = downstream[downstream["columns"][0]]["arms"][arms[0]]["seeds"]
+    chance = (
+        f" With {seeds} seeds an arm no better than the heuristic is better in every seed with "
+        f"probability 1/{2**seeds}: about {pairs / 2**seeds:.1f} of these {pairs} arm-task "
+        "pairs by chance alone."
+    )
+    if not wins:
+        return (
+            "- **Does adversarial masking pay downstream?** No adversarial arm beats the best "
+            "free heuristic at equal compute on any task of the suite (a higher mean and better "
+            "in every seed)." + chance
+        )
+    return (
+        "- **Does adversarial masking pay downstream?** At equal compute, better than the best "
+        "free heuristic in every seed: " + "; ".join(wins) + "." + chance
+    )
+
+
+def plot_downstream(downstream: dict, arms: list[str], path: Path) -> None:
+    """One panel per suite column: each arm's mean ± std at equal compute, the context-free
+    baseline and the random encoder as lines."""
+    plt = pyplot()
+    columns = downstream["columns"]
+    fig, axes = plt.subplots(1, len(columns), figsize=(2.3 * len(columns), 0.4 * len(arms) + 1.6),
+                             sharey=True, squeeze=False)  # fmt: skip
+    baselines = downstream["baselines"]
+    for ax, column in zip(axes[0], columns, strict=True):
+        for y, arm in enumerate(arms):
+            mean, std = downstream[column]["arms"][arm]["compute"]
+            ax.errorbar(mean, y, xerr=std, fmt="o", color=color(arm), capsize=3)
+        for kind, style in (("context-free", "--"), ("random init", ":")):
+            if kind in baselines:
+                ax.axvline(column_value(baselines[kind], column), color="black", linestyle=style,
+                           label=kind)  # fmt: skip
+        ax.set_title(column[2], fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0][0].set_yticks(range(len(arms)), [ARMS[a] for a in arms], fontsize=8)
+    axes[0][0].invert_yaxis()
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def downstream_section(downstream: dict, arms: list[str], size: Size) -> str:
+    """The report's downstream tables: scores at equal compute and at equal updates, the
+    baselines, the paper's Table 2 for scale, the differences to the best heuristic."""
+    columns = downstream["columns"]
+    head = "| arm | " + " | ".join(c[2] for c in columns) + " |"
+    rule = "| --- |" + " ---: |" * len(columns)
+
+    def table(at: str) -> list[str]:
+        return [head, rule] + [
+            f"| {named(arm)} | "
+            + " | ".join(cell(downstream[c]["arms"][arm][at]) for c in columns) + " |"
+            for arm in arms
+        ]  # fmt: skip
+
+    baselines = downstream["baselines"]
+    baseline_rows = [
+        f"| {kind} | " + " | ".join(f"{column_value(scores, c):.3f}" for c in columns) + " |"
+        for kind, scores in baselines.items()
+    ]
+    paper = " | ".join(PAPER_TABLE_2.get(c[:2], "-") for c in columns)
+    differences = [head.replace("| arm |", "| arm (vs best heuristic) |"), rule] + [
+        f"| {ARMS[arm]} | " + " | ".join(
+            f"{cell(downstream[c]['arms'][arm]['vs best'])} "
+            f"({downstream[c]['arms'][arm]['wins']}/{downstream[c]['arms'][arm]['seeds']})"
+            for c in columns
+        ) + " |"
+        for arm in arms
+    ]  # fmt: skip
+    best = ", ".join(f"{c[2]}: {ARMS[downstream[c]['best']]}" for c in columns)
+    flags = " ".join(size.downstream)
+    labelled = parse(EvaluateConfig, ["-", *size.downstream]).fitness_train
+    return f"""## Downstream: the suite of docs/evaluate.md
+
+Every final encoder, and for each arm dearer than random MLM also its encoder at equal compute
+(the update at which it has spent what random 20% spends on all of its updates, kept on the way
+by one stop and exact resume), frozen and scored by `python -m advpt.evaluate` with
+`{flags}`: secondary structure (per-residue logistic probes, Q3 and Q8 accuracy), zero-shot
+masked-marginal Spearman on three scans, ridge Spearman on GB1 binding from {labelled} variants,
+GB1 stability zero-shot and ridge, and localisation accuracy (silver GO labels). Higher is
+better everywhere.
+
+At equal compute (mean ± std over seeds):
+
+{chr(10).join(table("compute"))}
+{chr(10).join(baseline_rows)}
+| the paper's Table 2 (fine-tuned on TAPE; for scale only) | {paper} |
+
+At equal updates:
+
+{chr(10).join(table("updates"))}
+
+Each arm minus the best free heuristic of the column at equal compute ({best}), seed by seed
+(positive: better than it), mean ± std and the seeds it is better in:
+
+{chr(10).join(differences)}
+
+![downstream scores at equal compute, mean ± std over seeds; dashed: context-free, dotted:
+random encoder](study_downstream.png)
+"""
 
 
 # ------------------------------------------------------------------------------------ report
@@ -581,7 +869,15 @@ def verdict(summary: dict, arms: list[str]) -> list[str]:
 
 
 def write_report(
-    summary: dict, arms: list[str], size: Size, args, device: str, load, minutes, reused: bool
+    summary: dict,
+    downstream: dict,
+    arms: list[str],
+    size: Size,
+    args,
+    device: str,
+    load,
+    minutes,
+    reused: bool,
 ):
     costs = summary[arms[0]]["cost"] is not None
     rows = []
@@ -649,6 +945,7 @@ of the runs: where it exceeds the {size.jobs} run(s) at a time, other work share
 inflated those runs' wall times.
 
 {chr(10).join(verdict(summary, arms))}
+{downstream_verdict(downstream, arms)}
 
 Setting: encoder preset `{size.encoder}`, noiser preset `{size.noiser}`; the
 {"bundled proteome" if args.data == BUNDLED_PROTEOME else f"data `{args.data}`"}, crops of
@@ -695,7 +992,8 @@ better at equal time:
 ![validation loss during training against updates and time, mean ± std](study_curves.png)
 
 ![residue mask enrichment of each noiser, mean ± std over seeds](study_residues.png)
-"""  # noqa: E501
+
+{downstream_section(downstream, arms, size)}"""  # noqa: E501
     (args.out / "study.md").write_text(text)
 
 
@@ -734,6 +1032,7 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     name += f", {size.jobs} run(s) at a time, {torch.get_num_threads()} torch thread(s) each"
     saved = args.runs / "results.json"
+    costs = read_costs(args.costs)
     if args.report_only:
         results = json.loads(saved.read_text())
         arms = [a for a in arms if any(r["arm"] == a for r in results)]
@@ -741,21 +1040,23 @@ def main(argv: list[str] | None = None) -> int:
         reused = results[0].get("reused", False)
     else:
         start, load = time.perf_counter(), os.getloadavg()[0]
-        results = run_study(arms, size, args.runs, args.data, args.reuse)
+        results, baselines = run_study(arms, size, args.runs, args.data, args.reuse, costs)
         minutes = (time.perf_counter() - start) / 60
         during = [r["load"] for r in results if "load" in r]
         load = (load, os.getloadavg()[0], min(during), max(during))
         reused = args.reuse
         results[0].update(minutes=minutes, load=load, reused=reused)  # kept for --report_only
+        results[0]["downstream baselines"] = baselines
         saved.write_text(json.dumps(results))
-    costs = read_costs(args.costs)
     add_equal_compute(results, costs)
     summary = summarize(results, arms, costs)
+    downstream = summarize_downstream(results, arms)
     args.out.mkdir(parents=True, exist_ok=True)
     plot_scores(summary, arms, args.out / "study_scores.png")
     plot_curves(results, summary, arms, args.out / "study_curves.png")
     plot_residues(results, arms, args.out / "study_residues.png")
-    write_report(summary, arms, size, args, name, load, minutes, reused)
+    plot_downstream(downstream, arms, args.out / "study_downstream.png")
+    write_report(summary, downstream, arms, size, args, name, load, minutes, reused)
     print(f"study: wrote {args.out / 'study.md'} ({minutes:.1f} min)")
     return 0
 
