@@ -97,6 +97,7 @@ JUDGE = "alternating"  # the setting whose frozen noiser picks the hard position
 SCORE_RATE = 0.2  # random masking of the held-out task and of every validation pass
 JUDGE_SEED = 1000
 EQUAL_COMPUTE_WEIGHTS = "encoder-equal-compute.pt"  # beside encoder.pt (the final encoder)
+HELD_OUT_RECORDS = 2000  # about this many records held out of a large corpus (else 5%)
 DRAW_SEED = 10_000  # crop windows, masks and judge draws of the final scores
 DEVICE = torch.device("cpu")  # this process's device, set by start_process
 MIN_LR = OptimConfig().min_lr_ratio  # the library's; every run keeps it
@@ -169,10 +170,19 @@ def run_config(
         "--warmup_steps", str(max(1, n // 10)),
         "--batch_growth", "false", "--eval_every", str(max(1, n // size.evaluations)),
         "--val_max_batches", "0", "--val_masking_rate", str(SCORE_RATE),
+        "--val_fraction", str(val_fraction(data)),
         "--log_every", str(max(1, size.cycle)), "--checkpoint_every", str(n),
         "--num_workers", "0", "--seed", str(seed), "--run_dir", str(run_dir),
         *(["--clusters", str(clusters)] if clusters.is_file() else []), *extra,
     ])  # fmt: skip
+
+
+@functools.cache
+def val_fraction(data: str) -> float:
+    """The library's 5% of the records, or of a large corpus about ``HELD_OUT_RECORDS``: every
+    validation pass scores all of the held-out records."""
+    records = len(open_data(DataConfig(data=data))[0])
+    return min(DataConfig().val_fraction, HELD_OUT_RECORDS / records)
 
 
 def train(
