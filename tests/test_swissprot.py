@@ -12,6 +12,7 @@ import pytest
 
 from advpt.data.cache import open_data
 from advpt.data.clusters import ClusterSource
+from advpt.data.homology import MMSEQS_MISSING
 from advpt.data.swissprot import (
     BLASTDBCMD_MISSING,
     CLUSTERS,
@@ -25,7 +26,6 @@ from advpt.data.swissprot import (
     main,
     read_proteins,
 )
-from advpt.downstream.homology import MMSEQS_MISSING
 from advpt.downstream.localisation import (
     ANNOTATIONS,
     CLOSURE,

@@ -51,9 +51,9 @@ import numpy as np
 
 from advpt.command import DEBUG_HELP, command, stopping_on_signals
 from advpt.data.clusters import ClusterSource
+from advpt.data.homology import cluster_ids
 from advpt.data.prepare import building, prepare
 from advpt.data.prepared import ProteinDataset, is_prepared
-from advpt.downstream.homology import cluster_ids
 from advpt.errors import DataError, OutputError, first_line, shorten
 
 SWISSPROT = Path("/usr/share/metastudent-data/dataset_201401")

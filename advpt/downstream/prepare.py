@@ -31,9 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from advpt.command import command, stopping_on_signals
+from advpt.data.homology import cluster_ids, split_clusters
 from advpt.data.keyed import Permutation
 from advpt.data.prepare import building, source_entry
-from advpt.downstream.homology import cluster_ids, split_clusters
 from advpt.downstream.localisation import SWISSPROT, read_localisation
 from advpt.downstream.structure_db import STRUCTURE_DB, read_structure_db
 from advpt.errors import ConfigError, DataError, cannot_write
