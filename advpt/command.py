@@ -104,6 +104,7 @@ class Stopped(BaseException):
 
     def __init__(self, signum: int):
         super().__init__(f"stopped by {signal.Signals(signum).name}; nothing was kept")
+        self.signum = signum
 
 
 @contextlib.contextmanager

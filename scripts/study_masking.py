@@ -40,11 +40,11 @@ import math
 import multiprocessing
 import os
 import shutil
+import signal
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from advpt.command import DEBUG_HELP, command
+from advpt.command import DEBUG_HELP, Stopped, command, stopping_on_signals
 from advpt.config.cli import parse
 from advpt.config.evaluate import EvaluateConfig
 from advpt.config.pretrain import DataConfig, OptimConfig, TrainConfig
@@ -64,6 +64,7 @@ from advpt.data.unigram import residue_counts, unigram_log_probs
 from advpt.downstream import prepare as downstream_data
 from advpt.downstream.results import COLUMNS
 from advpt.downstream.suite import Inputs, context_free, encoder_subject, run_suite
+from advpt.errors import ConfigError, DataError
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
 from advpt.training.build import build_data, build_trainer, init_distributed, open_data
 from advpt.training.engines import simple_ds_config
@@ -343,11 +344,40 @@ def equal_compute(result: dict, reference: dict, costs: dict[str, float] | None)
 
 
 def read_costs(path: Path | None) -> dict[str, float] | None:
-    """Arm -> ``cost_vs_random`` from a ``scripts/bench_throughput.py --json`` file."""
+    """Arm -> ``cost_vs_random`` from a ``scripts/bench_throughput.py --json`` file; a
+    ``ConfigError`` naming the file when it is no such file."""
     if path is None:
         return None
-    rows = json.loads(path.read_text())["rows"]
-    return {r["mode"]: r["cost_vs_random"] for r in rows if r.get("cost_vs_random")}
+    try:
+        rows = json.loads(path.read_text())["rows"]
+        return {r["mode"]: float(r["cost_vs_random"]) for r in rows if r.get("cost_vs_random")}
+    except OSError as err:
+        raise ConfigError(f"--costs {path} cannot be read: {err.strerror}") from None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ConfigError(
+            f"--costs {path} is not the --json output of scripts/bench_throughput.py"
+        ) from None
+
+
+def read_results(path: Path) -> list[dict]:
+    """The results a finished study saved (``--report_only``), or one sentence why not."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--report_only: {path} does not exist; run the study first") from None
+    except (OSError, ValueError) as err:
+        raise DataError(f"--report_only: {path} cannot be read ({err})") from None
+
+
+class StudyStopped(Stopped):
+    """A stop signal ended the study; the runs it finished are kept for ``--reuse``."""
+
+    def __init__(self, signum: int, runs: Path):
+        BaseException.__init__(
+            self,
+            f"stopped by {signal.Signals(signum).name}; the finished runs are kept in {runs}: "
+            "run the same command with --reuse to go on",
+        )
 
 
 # ------------------------------------------------------------------------------------ jobs
@@ -383,8 +413,8 @@ def train_job(
     ``result.json``, which ``reuse`` takes instead of training again (a study stopped part-way
     loses only the runs under way)."""
     saved = runs / f"{arm}-seed{seed}" / "result.json"
-    if reuse and saved.exists():
-        return json.loads(saved.read_text())
+    if reuse and (kept := read_kept(saved)) is not None:
+        return kept
     print(f"study: seed {seed}: training {arm} ...", flush=True)
     trainer = train(arm, size, runs / f"{arm}-seed{seed}", seed, data, cost)
     torch.save(trainer.encoder.module.state_dict(), trainer.run_dir.root / "encoder.pt")
@@ -406,6 +436,15 @@ def train_job(
     return result
 
 
+def read_kept(path: Path) -> dict | None:
+    """What a stopped study kept in ``path``, or None where it is missing or was cut short (a
+    stop while it was written): that run is done again."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def downstream_config(size: Size, runs: Path) -> EvaluateConfig:
     """The downstream suite's settings for every encoder of the study (``size.downstream``)."""
     return parse(EvaluateConfig, [str(runs), *size.downstream])
@@ -417,8 +456,8 @@ def downstream_job(
     """The downstream suite's scores of the encoder ``weights`` of ``arm`` and ``seed``, kept
     beside them (``reuse`` takes them instead of scoring again)."""
     saved = runs / f"{arm}-seed{seed}" / f"downstream-{Path(weights).stem}.json"
-    if reuse and saved.exists():
-        return json.loads(saved.read_text())
+    if reuse and (kept := read_kept(saved)) is not None:
+        return kept
     config = downstream_config(size, runs)
     model = MaskedLanguageModel(ENCODER_PRESETS[size.encoder])
     model.load_state_dict(torch.load(runs / f"{arm}-seed{seed}" / weights))
@@ -460,8 +499,15 @@ def workers(jobs: int) -> Iterator[Callable[[list[tuple]], list]]:
         yield lambda calls: [call[0](*call[1:]) for call in calls]
         return
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(jobs, context, initializer=start_process) as pool:
-        yield lambda calls: [f.result() for f in [pool.submit(*call) for call in calls]]
+    pool = context.Pool(jobs, initializer=start_process)
+    try:
+        yield lambda calls: [r.get() for r in [pool.apply_async(c[0], c[1:]) for c in calls]]
+        pool.close()
+    except BaseException:
+        pool.terminate()  # a stop or a failure ends the runs under way; finished ones are kept
+        raise
+    finally:
+        pool.join()
 
 
 def run_study(
@@ -1007,14 +1053,23 @@ better at equal time:
     (args.out / "study.md").write_text(text)
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 @command
 def main(argv: list[str] | None = None) -> int:
+    """Exit code 0; 2 with one sentence for bad arguments, checked before any training; 75
+    when stopped by a signal, the finished runs kept for ``--reuse``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="--size quick: seconds (tests)")
     parser.add_argument("--size", choices=list(SIZES), default="cpu", help="presets and budget")
-    parser.add_argument("--seeds", type=int, help="seeds per arm (default: the size's)")
-    parser.add_argument("--updates", type=int, help="encoder updates per run (default: size's)")
-    parser.add_argument("--jobs", type=int, help="runs at a time (default: the size's)")
+    parser.add_argument("--seeds", type=positive, help="seeds per arm (default: the size's)")
+    parser.add_argument("--updates", type=positive, help="encoder updates (default: size's)")
+    parser.add_argument("--jobs", type=positive, help="runs at a time (default: the size's)")
     parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS))
     parser.add_argument("--data", default=BUNDLED_PROTEOME, help="training data (advpt --data)")
     parser.add_argument("--out", type=Path, default=REPO / "docs", help="report directory")
@@ -1035,6 +1090,9 @@ def main(argv: list[str] | None = None) -> int:
         args.size = "quick"
     if BASELINE not in args.arms:
         parser.error(f"--arms must include {BASELINE} (the equal-wall-time reference)")
+    for flag in ("out", "runs"):
+        if getattr(args, flag).exists() and not getattr(args, flag).is_dir():
+            parser.error(f"--{flag} {getattr(args, flag)} is a file; name a folder")
     size = SIZES[args.size]
     size = replace(size, seeds=args.seeds or size.seeds, jobs=args.jobs or size.jobs,
                    encoder_updates=args.updates or size.encoder_updates)  # fmt: skip
@@ -1044,13 +1102,17 @@ def main(argv: list[str] | None = None) -> int:
     saved = args.runs / "results.json"
     costs = read_costs(args.costs)
     if args.report_only:
-        results = json.loads(saved.read_text())
+        results = read_results(saved)
         arms = [a for a in arms if any(r["arm"] == a for r in results)]
         minutes, load = results[0]["minutes"], results[0]["load"]
         reused = results[0].get("reused", False)
     else:
         start, load = time.perf_counter(), os.getloadavg()[0]
-        results, baselines = run_study(arms, size, args.runs, args.data, args.reuse, costs)
+        try:
+            with stopping_on_signals():
+                results, baselines = run_study(arms, size, args.runs, args.data, args.reuse, costs)
+        except Stopped as stop:
+            raise StudyStopped(stop.signum, args.runs) from None
         minutes = (time.perf_counter() - start) / 60
         during = [r["load"] for r in results if "load" in r]
         load = (load, os.getloadavg()[0], min(during), max(during))

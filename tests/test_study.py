@@ -2,12 +2,13 @@
 
 import importlib.util
 import json
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import REPO, child_env
+from tests.helpers import REPO, child_env, wait_until
 
 pytest.importorskip("matplotlib")
 pytestmark = pytest.mark.slow
@@ -18,17 +19,33 @@ def _mean_std(text: str) -> tuple[float, float]:
     return float(mean), float(std)
 
 
-def test_quick_study_writes_the_table_and_plots(tmp_path):
+def test_quick_study_stops_keeps_its_runs_and_writes_the_tables_and_plots(tmp_path):
     out, runs = tmp_path / "report", tmp_path / "runs"
     command = [
         sys.executable, "scripts/study_masking.py", "--quick", "--out", str(out),
         "--runs", str(runs),
     ]  # fmt: skip
+    # stopped by SIGTERM after its first runs: 75, one sentence, the finished runs kept
+    job = subprocess.Popen(
+        command, cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    wait_until(job, lambda: len(list(runs.glob("*-seed*/result.json"))) >= 2, "two runs")
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 75, err[-3000:]
+    assert "Traceback" not in err and "run the same command with --reuse" in err, err[-3000:]
+    kept = {p.parent.name: p.read_text() for p in runs.glob("*-seed*/result.json")}
+    assert len(kept) >= 2
     result = subprocess.run(
-        command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600
-    )
+        [*command, "--reuse"], cwd=REPO, env=child_env(), capture_output=True, text=True,
+        timeout=900,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    assert all((runs / name / "result.json").read_text() == text for name, text in kept.items())
     report = (out / "study.md").read_text()
+    assert "python scripts/study_masking.py --size quick --reuse\n" in report
+    assert "to train what an earlier, stopped study had not finished" in report
     lines = report.splitlines()
     first = lines.index(next(line for line in lines if line.startswith("| arm | updates")))
     rows = [line for line in lines[first + 2 :] if line.startswith("| ")]
@@ -36,13 +53,12 @@ def test_quick_study_writes_the_table_and_plots(tmp_path):
     cells = [[cell.strip() for cell in row.split("|")[1:-1]] for row in rows]
     marker = " (**recommended**)"  # on the arm that is VARIANTS["recommended"]
     assert sum(row[0].endswith(marker) for row in cells) == 1
-    assert [row[0].removesuffix(marker) for row in cells] == [
+    arms = [
         "random 15%", "random 20%", "random 40%", "span masking, 20%",
         "paper: alternating, 10% random + 10% noiser",
-        "context-only GRU noiser from 25% of the updates",
-        "conv noiser, a joint step every 2nd step",
-        "unigram baseline",
+        "conv noiser, a joint step every 2nd step", "the same at 30% random + 10% noiser",
     ]  # fmt: skip
+    assert [row[0].removesuffix(marker) for row in cells] == [*arms, "unigram baseline"]
     for row in cells[:-1]:
         assert row[1].split(" / ")[0] == "4"  # the same number of encoder updates for every arm
         for column in (3, 5, 7):  # losses: random masking, hard positions, equal time
@@ -56,10 +72,25 @@ def test_quick_study_writes_the_table_and_plots(tmp_path):
     assert _mean_std(cells[1][2]) == (1.0, 0.0)  # random 20% is the time reference
     assert "| random 15% | " in report.split("minus the best free heuristic's")[1]  # paired
     assert "**Do the encoders use context?**" in report and "**Does adversarial" in report
-    assert "python scripts/study_masking.py --size quick\n" in report  # as it ran: no --reuse
+    assert "**Does adversarial masking pay downstream?**" in report
     for png in ("study_scores.png", "study_curves.png", "study_residues.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({png})" in report
+
+    # the downstream suite scored every final encoder: a column per task, the baselines and
+    # the paper's Table 2 beside them
+    downstream = report.split("## Downstream")[1]
+    table = [line for line in downstream.split("At equal updates")[0].splitlines() if "|" in line]
+    assert table[0].startswith("| arm | SS Q3 | SS Q8 | 0-shot GB1")
+    assert [row.split(" | ")[0].removeprefix("| ").removesuffix(marker) for row in table[2:]] == [
+        *arms, "context-free", "random init",
+        "the paper's Table 2 (fine-tuned on TAPE; for scale only)",
+    ]  # fmt: skip
+    for row in table[2:9]:
+        for value in row.split(" | ")[1:]:
+            mean, std = _mean_std(value.rstrip(" |"))
+            assert -1 <= mean <= 1 and std >= 0
+    assert "(study_downstream.png)" in report and (out / "study_downstream.png").is_file()
 
     # every encoder of a seed is scored on the same positions, and the judge's positions are
     # not random ones: the unigram baseline differs between the two tasks
@@ -90,17 +121,6 @@ def test_quick_study_writes_the_table_and_plots(tmp_path):
     assert table["| paper: alternating, 10% random + 10% noiser"][2] == "2.00"
     assert table["| random 40%"][2] == "1.00"
 
-    # a study started again with --reuse trains nothing it finished, and says so
-    reused = subprocess.run(
-        [*command, "--reuse"], cwd=REPO, env=child_env(), capture_output=True, text=True,
-        timeout=600,
-    )  # fmt: skip
-    assert reused.returncode == 0, reused.stderr[-3000:]
-    report = (out / "study.md").read_text()
-    assert "python scripts/study_masking.py --size quick --reuse\n" in report
-    assert "to train what an earlier, stopped study had not finished" in report
-    assert json.loads((runs / "results.json").read_text())[0]["reused"] is True
-
 
 def _study():
     spec = importlib.util.spec_from_file_location("study", REPO / "scripts/study_masking.py")
@@ -120,3 +140,29 @@ def test_equal_compute_charges_warmup_steps_as_random_ones():
     reference = {"encoder_updates": 100, "seconds": 1.0}
     assert study.equal_compute(run, reference, {"x": 2.0}) == 3.0  # step 50
     assert study.equal_compute(run, reference, None) == 3.0  # at 1.0 s of its own wall time
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--seeds", "-1"], "--seeds: must be at least 1"),
+        (["--report_only"], "does not exist; run the study first"),
+        (["--costs", "missing.json"], "--costs missing.json cannot be read"),
+        (["--out", "pyproject.toml"], "--out pyproject.toml is a file"),
+    ],
+)
+def test_bad_arguments_end_in_one_sentence_before_any_training(tmp_path, flags, message):
+    command = [sys.executable, "scripts/study_masking.py", "--quick", "--runs", str(tmp_path)]
+    done = subprocess.run(
+        [*command, *flags], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not list(tmp_path.iterdir())
+
+
+def test_a_result_cut_short_by_a_stop_is_trained_again(tmp_path):
+    study = _study()
+    (tmp_path / "result.json").write_text('{"arm": "random", "se')
+    assert study.read_kept(tmp_path / "result.json") is None
+    (tmp_path / "result.json").write_text('{"arm": "random"}')
+    assert study.read_kept(tmp_path / "result.json") == {"arm": "random"}
