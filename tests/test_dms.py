@@ -52,7 +52,12 @@ def test_mavenn_is_found_without_importing_it(scans):
     assert "mavenn" not in sys.modules
 
 
-@pytest.mark.parametrize("name", SCANS)
+# GB1 binding's 530,737 rows, checked one by one, take seconds: the slow tier's
+BY_SIZE = [pytest.param(name, marks=pytest.mark.slow) if name == "gb1_binding" else name
+           for name in SCANS]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", BY_SIZE)
 def test_scan_matches_its_file(scans, name):
     scan, source = scans[name], SOURCES[name]
     variants, sizes, split_sizes, stops = EXPECTED[name]
@@ -81,7 +86,7 @@ def test_scan_matches_its_file(scans, name):
         assert (scan.split == side).all()
 
 
-@pytest.mark.parametrize("name", SCANS)
+@pytest.mark.parametrize("name", BY_SIZE)
 def test_sites_agree_with_sequences(scans, name):
     scan = scans[name]
     wild_type = as_bytes(scan.wild_type)
