@@ -7,6 +7,7 @@ import typing
 import pytest
 
 from advpt.config.cli import OLD_SECTIONS, build_parser, parse
+from advpt.config.evaluate import EvaluateConfig
 from advpt.config.finetune import FinetuneConfig
 from advpt.config.pretrain import MethodConfig, ModelConfig, TrainConfig
 from advpt.config.section import field_docs
@@ -37,6 +38,14 @@ from advpt.variants import VARIANTS
         (["--noiser_entropy_bonus", "-0.1"], "noiser_entropy_bonus must be >= 0"),
         (["--collapse_entropy_threshold", "2"], "collapse_entropy_threshold must be in"),
         (["--noiser_warmup_steps", "-2"], "noiser_warmup_steps must be >= -1"),
+        (  # a setting with no adversarial budget, made adversarial: the noiser learns nothing
+            ["--setting", "recommended", "--mode", "adversarial"],
+            "--mode adversarial with --adversarial_rate 0 leaves the noiser no positions",
+        ),
+        (
+            ["--mode", "random", "--random_rate", "0", "--adversarial_rate", "0"],
+            "--random_rate and --adversarial_rate are both 0: nothing would be masked",
+        ),
     ],
 )
 def test_bad_settings_are_one_sentence_errors(flags, message):
@@ -64,14 +73,15 @@ def _all_fields(root):
             yield root, f
 
 
-@pytest.mark.parametrize("root", [TrainConfig, FinetuneConfig])
+@pytest.mark.parametrize("root", [TrainConfig, FinetuneConfig, EvaluateConfig])
 def test_every_setting_has_help_that_reaches_help_output(root):
     text = " ".join(build_parser(root).format_help().split())
     for owner, f in _all_fields(root):
         doc = field_docs(owner).get(f.name)
         assert doc, f"{owner.__name__}.{f.name} has no docstring"
         assert doc in text, f"--help lacks the help of {f.name}"
-        assert f"--{f.name}" in text
+        positional = f.name == getattr(root, "POSITIONAL", None)  # the models to evaluate
+        assert (f"{f.name.upper()} [{f.name.upper()} ...]" if positional else f"--{f.name}") in text
 
 
 def test_the_choices_of_a_flag_are_those_of_the_code_that_implements_them():
@@ -146,7 +156,7 @@ def test_finetune_settings_share_the_style(tmp_path):
 
 
 def test_every_training_variant_is_a_valid_set_of_flags():
-    rates = {"random-15": 0.15, "random-40": 0.4}  # the others mask the paper's 20%
+    rates = {"random-15": 0.15, "random-40": 0.4, "sparse-simultaneous-40": 0.4}  # others: 20%
     others = {name: flags for name, flags in VARIANTS.items() if name != "recommended"}
     assert VARIANTS["recommended"] in others.values()  # the study's pick among the others
     for name, flags in others.items():

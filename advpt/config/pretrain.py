@@ -360,11 +360,18 @@ class TrainConfig(Section):
     """Peak learning rate of the encoder; unset takes its DeepSpeed JSON's."""
 
     def rules(self) -> list[tuple[bool, str]]:
+        m = self.masking
         return [
+            (m.random_rate + m.adversarial_rate > 0,
+             "--random_rate and --adversarial_rate are both 0: nothing would be masked, so "
+             "nothing would be trained or validated"),
+            (not self.adversarial or self.importance or m.adversarial_rate > 0,
+             "--mode adversarial with --adversarial_rate 0 leaves the noiser no positions to "
+             "choose, so it never learns (set --adversarial_rate, or --mode random)"),
             (self.global_batch is None or self.global_batch > 0, "global_batch must be positive"),
             (self.micro_batch is None or self.micro_batch > 0, "micro_batch must be positive"),
             (self.lr is None or self.lr > 0, "lr must be positive"),
-        ]
+        ]  # fmt: skip
 
     @property
     def adversarial(self) -> bool:
