@@ -24,7 +24,7 @@ from advpt.training import ranks  # noqa: E402
 from advpt.training.build import build_trainer, init_distributed  # noqa: E402
 from advpt.training.checkpoint import checkpoint_tag  # noqa: E402
 from advpt.training.preemption import StopSignals  # noqa: E402
-from advpt.training.run_dir import RunDir  # noqa: E402
+from advpt.training.run_dir import RunDir, misplaced_entry  # noqa: E402
 from advpt.training.run_lock import RunDirLock  # noqa: E402
 from advpt.training.summary import report_run  # noqa: E402
 from advpt.training.trainer import Trainer  # noqa: E402
@@ -70,6 +70,8 @@ def _check_run_dir(config: TrainConfig) -> None:
                 f"run directory {run_dir} holds {link.name}, a symbolic link to a file; advpt "
                 "writes no file through a link: remove it"
             )
+    if misplaced := misplaced_entry(run_dir):
+        raise ConfigError(misplaced)
     if run_dir.holds_run() and not config.run.resume:
         raise ConfigError(
             f"run directory {run_dir} already holds a run; pass --resume to continue it or "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -311,3 +312,57 @@ def test_an_error_of_one_rank_is_printed_by_that_rank(whose, printed):
         [sys.executable, "-c", RANK_ONE, whose], env=env, capture_output=True, text=True
     )
     assert done.returncode == 2 and done.stderr == printed  # every rank has it: rank 0 prints
+
+
+def _snapshot(folder: Path) -> dict[str, bytes | None]:
+    """Every entry under ``folder``: a file's bytes, None for a folder."""
+    return {
+        str(p.relative_to(folder)): None if p.is_dir() else p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ("checkpoints", "holds checkpoints, a file where the run keeps a folder"),
+        ("tensorboard", "holds tensorboard, a file where the run keeps a folder"),
+        ("metrics.jsonl/", "holds metrics.jsonl/, a folder where the run writes a file"),
+        ("ds_config.json/", "holds ds_config.json/, a folder where the run writes a file"),
+        ("config.json", "holds a config.json that is no advpt run's"),
+    ],
+)
+def test_a_run_directory_entry_of_the_wrong_kind_is_refused_before_anything_is_written(
+    tmp_path, capsys, distributed, entry, expected
+):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"loss": 1.0}\n')  # a model's own files
+    if entry.endswith("/"):
+        (run_dir / entry).unlink(missing_ok=True)
+        (run_dir / entry).mkdir()
+    else:
+        (run_dir / entry).write_text('{"architectures": ["EsmForMaskedLM"]}\n')
+    before = _snapshot(run_dir)
+    assert _train(tmp_path, "--num_workers", "0") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("advpt: error: ") and expected in err and err.count("\n") == 1
+    assert _snapshot(run_dir) == before  # left as it was found, byte for byte
+
+
+def test_an_empty_run_dir_is_refused(tmp_path, capsys):
+    assert _train(tmp_path, "--run_dir", " ") == 2
+    assert "--run_dir is empty" in capsys.readouterr().err
+
+
+def test_the_config_is_written_through_no_file_left_at_a_predictable_name(tmp_path, distributed):
+    """A ``config.json.tmp`` hard-linked to a user's file (the old staging name) stays the
+    user's: the run writes its config through a new file of a random name."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    mine = tmp_path / "mine.txt"
+    mine.write_text("my notes\n")
+    os.link(mine, run_dir / "config.json.tmp")
+    assert _train(tmp_path, "--num_workers", "0") == 0
+    assert mine.read_text() == "my notes\n"
+    assert json.loads((run_dir / "config.json").read_text())["run"]["run_dir"] == str(run_dir)

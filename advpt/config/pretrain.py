@@ -312,6 +312,7 @@ class RunConfig(Section):
     def rules(self) -> list[tuple[bool, str]]:
         unknown = [name for name in self.trackers if name not in TRACKERS] or [""]
         return [
+            (bool(self.run_dir.strip()), "--run_dir is empty; name the run's directory"),
             (not unknown[0], f"--tracker {self.tracker!r}: unknown tracker {unknown[0]!r}; choose "
              f"from {', '.join(TRACKERS)} (several joined by commas) or none"),
             (0 <= self.seed < 2**32, "seed must be in [0, 2**32)"),

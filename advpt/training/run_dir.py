@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,13 +120,50 @@ class RunDir:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Write ``path`` atomically: readers see the old content or the whole new one."""
-    tmp = path.with_name(path.name + ".tmp")
+    """Write ``path`` atomically: readers see the old content or the whole new one. The text
+    goes to a new file of a random name beside it (made with ``O_EXCL``, never through a link
+    or a file someone left there), which then replaces ``path``."""
+    handle, staging = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+        os.chmod(staging, 0o644)
+        os.replace(staging, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        Path(staging).unlink(missing_ok=True)
+
+
+def misplaced_entry(run_dir: RunDir) -> str:
+    """The sentence for the first entry of ``run_dir`` that a pre-training run could not use
+    as it is: a folder where the run writes a file or the reverse, or, beside no checkpoint of
+    a run, a ``config.json`` that is no advpt run's (a model's own, say), which the run would
+    replace; empty when none."""
+    folders = (run_dir.checkpoints, run_dir.tensorboard)
+    files = (run_dir.config, run_dir.metrics, *map(run_dir.deepspeed_config, ("encoder", "noiser")))
+    for path in folders:
+        if path.exists() and not path.is_dir():
+            return f"run directory {run_dir} holds {path.name}, a file where the run keeps a folder"
+    for path in files:
+        if path.is_dir():
+            return (
+                f"run directory {run_dir} holds {path.name}/, a folder where the run writes a file"
+            )
+    foreign = not run_dir.holds_run() and not _is_run_config(run_dir.config)
+    if run_dir.config.is_file() and foreign:
+        return (
+            f"run directory {run_dir} holds a config.json that is no advpt run's, which the run "
+            "would replace; choose another --run_dir"
+        )
+    return ""
+
+
+def _is_run_config(path: Path) -> bool:
+    """Whether ``path`` is an advpt run's ``config.json`` (it has the run's sections)."""
+    try:
+        settings = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(settings, dict) and isinstance(settings.get("run"), dict)
 
 
 def write_config(
