@@ -117,6 +117,21 @@ def test_prepared_data_is_reused_while_its_sources_are_unchanged(eval_cache):
     assert (folder / "manifest.json").stat().st_mtime_ns == before
 
 
+def test_a_carried_entry_serves_where_its_packages_are_absent(eval_cache, tmp_path):
+    """Copied to a machine without the packages (a GPU machine), the entry is used as it is:
+    it holds the scans' files too. Where the packages are installed, sources that changed make
+    it anew, so a stale entry is never used beside them."""
+    entry = prepare.ensure(str(eval_cache), LIMIT).folder
+    carried = tmp_path / "carried"
+    shutil.copytree(entry, carried / entry.name)
+    elsewhere = tmp_path / "not-installed"
+    data = prepare.ensure(str(carried), LIMIT, elsewhere / "structure_db.dat", elsewhere)
+    assert data.folder == carried / entry.name
+    assert sorted(p.name for p in data.scans.iterdir()) == [
+        "amyloid_data.csv.gz", "gb1_data.csv.gz", "nisthal_data.csv.gz", "tdp43_data.csv.gz",
+    ]  # fmt: skip
+
+
 @needs_packages
 def test_a_cut_structure_db_is_one_sentence_and_leaves_no_entry(tmp_path):
     cut = tmp_path / "structure_db.dat"

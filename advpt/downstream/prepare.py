@@ -15,7 +15,10 @@ else ``~/.cache/advpt/downstream``) as ``secondary_structure.npz``, ``localisati
 reused while they match, and made again when a package is reinstalled or upgraded. The entry is
 written beside its place and moved in when complete, so a stopped or failed preparation leaves
 nothing. The mutational scans need no preparation (:mod:`advpt.downstream.dms` reads them in
-seconds). Nothing is downloaded: a missing package is one sentence naming it.
+seconds), but their four files are copied into ``scans/`` so that the entry holds all the
+suite reads (33 MB): carried to a machine that lacks one of the packages (a GPU machine, say),
+a complete entry is used as it is. Nothing is downloaded: a missing package
+is one sentence naming it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -34,11 +38,12 @@ from advpt.command import command, stopping_on_signals
 from advpt.data.homology import cluster_ids, split_clusters
 from advpt.data.keyed import Permutation
 from advpt.data.prepare import building, source_entry
+from advpt.downstream.dms import SCANS, SOURCES, datasets_dir
 from advpt.downstream.localisation import SWISSPROT, read_localisation
 from advpt.downstream.structure_db import STRUCTURE_DB, read_structure_db
 from advpt.errors import ConfigError, DataError, cannot_write
 
-VERSION = 1  # of the entry's layout and of how it is made: a change makes every entry anew
+VERSION = 2  # of the entry's layout and of how it is made: a change makes every entry anew
 CACHE_ENV = "ADVPT_EVAL_CACHE"
 IDENTITY, COVERAGE = 0.3, 0.8  # MMseqs2 clusters: 30% identity over 80% of both sequences
 HELD_OUT = (0.1, 0.1)  # shares of the clusters on the validation and test sides
@@ -140,6 +145,11 @@ class EvalData:
 
     folder: Path
 
+    @property
+    def scans(self) -> Path:
+        """The folder of the mutational scans' files (:func:`advpt.downstream.dms.read_scan`)."""
+        return self.folder / "scans"
+
     def secondary_structure(self) -> Proteins:
         return Proteins.load(self.folder / "secondary_structure.npz")
 
@@ -147,19 +157,34 @@ class EvalData:
         return Proteins.load(self.folder / "localisation.npz")
 
 
-def _sources(structure_db: Path, swissprot: Path) -> dict[str, dict]:
+def _source_files(structure_db: Path, swissprot: Path) -> dict[str, Path]:
     cco = swissprot / "CCO"
     files = {"structure_db": structure_db, "cco_annotations": cco / "goasp_annot.dat"}
     files |= {"cco_sequences": cco / "goasp.fasta.psq"}
-    return {name: source_entry(path) for name, path in files.items() if path.exists()}
+    try:
+        scans = datasets_dir()
+    except DataError:  # mavenn not installed: the scans' entries are absent, as a package's
+        return files
+    return files | {name: scans / SOURCES[name].file for name in SCANS}
 
 
-def _is_current(folder: Path, sources: dict[str, dict]) -> bool:
+def _copy_scans(files: dict[str, Path], folder: Path) -> None:
+    folder.mkdir()
+    for name in SCANS:
+        if name not in files:
+            datasets_dir()  # raises the sentence naming the missing package
+        shutil.copyfile(files[name], folder / files[name].name)
+
+
+def _is_current(folder: Path, sources: dict[str, dict] | None) -> bool:
+    """Whether ``folder`` is a complete entry of this version made from ``sources`` (None: from
+    any, for an entry used where its packages are not installed)."""
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
     except (OSError, ValueError):
         return False
-    return manifest.get("version") == VERSION and manifest.get("sources") == sources
+    made_from = sources is None or manifest.get("sources") == sources
+    return manifest.get("version") == VERSION and made_from
 
 
 def ensure(
@@ -172,13 +197,16 @@ def ensure(
     (quick looks and tests) an entry of the first ``limit`` chains and proteins only."""
     name = f"downstream-v{VERSION}" + (f"-first{limit}" if limit is not None else "")
     folder = cache_root(cache) / name
-    sources = _sources(structure_db, swissprot)
-    if _is_current(folder, sources):
+    files = _source_files(structure_db, swissprot)
+    sources = {key: source_entry(path) for key, path in files.items() if path.exists()}
+    absent = len(sources) < len(files)  # a package is missing: an entry carried here serves
+    if _is_current(folder, sources) or (absent and _is_current(folder, None)):
         return EvalData(folder)
     print(f"[advpt] preparing the evaluation data into {folder} (once; a few minutes)")
     start = time.perf_counter()
     try:
         with building(folder) as tmp:
+            _copy_scans(files, tmp / "scans")
             chains = prepare_secondary_structure(
                 structure_db, tmp / "secondary_structure.npz", limit
             )

@@ -74,7 +74,7 @@ class Inputs:
 
     def scan(self, name: str) -> Scan:
         if name not in self.scans:
-            self.scans[name] = read_scan(name)
+            self.scans[name] = read_scan(name, self.data.scans)
         return self.scans[name]
 
     def once(self, key: str, make: Callable[[], object]):
