@@ -32,15 +32,15 @@ from advpt.launch import discover
 CACHE_ENV = "ADVPT_DATA_CACHE"
 
 
-def cache_root(cache: str = "") -> Path:
-    """``cache``, else ``$ADVPT_DATA_CACHE``, else ``$XDG_CACHE_HOME/advpt/data``, else
-    ``~/.cache/advpt/data``."""
+def cache_root(cache: str = "", env: str = CACHE_ENV, name: str = "data") -> Path:
+    """``cache``, else ``$<env>``, else ``$XDG_CACHE_HOME/advpt/<name>``, else
+    ``~/.cache/advpt/<name>``: where advpt keeps what it prepares (``name`` data, by default)."""
     if cache:
         return Path(cache)
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
+    if os.environ.get(env):
+        return Path(os.environ[env])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "advpt" / "data"
+    return Path(base) / "advpt" / name
 
 
 @dataclass(frozen=True)

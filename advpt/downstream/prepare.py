@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from advpt.command import command, stopping_on_signals
+from advpt.data.cache import cache_root
 from advpt.data.homology import cluster_ids, split_clusters
 from advpt.data.keyed import Permutation
 from advpt.data.prepare import building, source_entry
@@ -49,17 +49,6 @@ IDENTITY, COVERAGE = 0.3, 0.8  # MMseqs2 clusters: 30% identity over 80% of both
 HELD_OUT = (0.1, 0.1)  # shares of the clusters on the validation and test sides
 SPLIT_SEED = 0  # the split is part of the benchmark: fixed, whatever --seed a run takes
 LOCALISATION_POOL = 30_000  # proteins clustered for localisation (all would take an hour)
-
-
-def cache_root(cache: str = "") -> Path:
-    """``cache``, else ``$ADVPT_EVAL_CACHE``, else ``$XDG_CACHE_HOME/advpt/downstream``, else
-    ``~/.cache/advpt/downstream``."""
-    if cache:
-        return Path(cache)
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "advpt" / "downstream"
 
 
 @dataclass(frozen=True)
@@ -196,7 +185,7 @@ def ensure(
     """The prepared entry under ``cache``, made first when absent or stale; with ``limit``
     (quick looks and tests) an entry of the first ``limit`` chains and proteins only."""
     name = f"downstream-v{VERSION}" + (f"-first{limit}" if limit is not None else "")
-    folder = cache_root(cache) / name
+    folder = cache_root(cache, CACHE_ENV, "downstream") / name
     files = _source_files(structure_db, swissprot)
     sources = {key: source_entry(path) for key, path in files.items() if path.exists()}
     absent = len(sources) < len(files)  # a package is missing: an entry carried here serves
