@@ -55,7 +55,12 @@ def test_marked_slow():
     pass
 
 def test_slow_but_unmarked():
-    time.sleep(0.5)
+    start = time.process_time()
+    while time.process_time() - start < 0.5:
+        pass
+
+def test_waits_but_costs_little():
+    time.sleep(0.5)  # a busy machine's delay: wall time, not CPU
 """
 
 
@@ -84,11 +89,14 @@ def test_process_and_multirank_are_marked_from_the_code(suite):
 
 def test_fast_runs_the_rest_and_fails_a_test_over_the_limit(suite):
     result = suite.runpytest("--fast", "--fast_limit", "0.25")
-    result.assert_outcomes(passed=2, failed=1, deselected=6)
+    result.assert_outcomes(passed=3, failed=1, deselected=6)  # the one that waits passes
     result.stdout.fnmatch_lines(
-        ["*test_suite.py::test_slow_but_unmarked took 0.* s, over the fast tier's 0.25 s*"]
+        [
+            "*test_suite.py::test_slow_but_unmarked used 0.* s of CPU (*), over the fast tier's "
+            "0.25 s*"
+        ]
     )
-    suite.runpytest("--fast").assert_outcomes(passed=3, deselected=6)
+    suite.runpytest("--fast").assert_outcomes(passed=4, deselected=6)
 
 
 def test_the_slowest_tiers_run_first_in_file_order_within_each(suite):
@@ -103,4 +111,5 @@ def test_the_slowest_tiers_run_first_in_file_order_within_each(suite):
         "test_plain",  # the rest, in file order
         "test_parametrized[here]",
         "test_slow_but_unmarked",
+        "test_waits_but_costs_little",
     ]

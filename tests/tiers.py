@@ -6,7 +6,8 @@ parameters reach ``subprocess`` or a helper marked :func:`starts_process`, and `
 well) when they reach one marked :func:`starts_ranks` (the deepspeed launcher). The marks are
 read off the code at collection, so a new test that starts a process lands in its tier without
 a decorator to remember. ``--fast`` runs the tests marked none of ``slow``, ``process`` and
-``multirank``, and fails any of them whose call takes over ``--fast_limit`` seconds (set-up is
+``multirank``, and fails any of them whose call uses over ``--fast_limit`` seconds of CPU
+(the process's, all threads: a busy machine slows a test's wall time, not its CPU time; set-up is
 not counted: fixtures shared by many tests, the process group and the finished run, are built
 in the set-up of the first test that needs them).
 
@@ -17,6 +18,7 @@ it as a plugin.
 from __future__ import annotations
 
 import subprocess
+import time
 import types
 from pathlib import Path
 
@@ -82,13 +84,13 @@ def pytest_addoption(parser):
         "--fast",
         action="store_true",
         help=f"the fast tier: leave out the tests marked {', '.join(SLOW_TIERS)} and fail any "
-        "test whose call takes over --fast_limit seconds",
+        "test whose call uses over --fast_limit seconds of CPU",
     )
     parser.addoption(
         "--fast_limit",
         type=float,
         default=10.0,
-        help="seconds a test of the fast tier may take (default 10)",
+        help="seconds of CPU a test of the fast tier may use (default 10)",
     )
 
 
@@ -116,14 +118,30 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: [not item.get_closest_marker(m) for m in SLOW_TIERS])
 
 
+CPU_SECONDS = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Keep the CPU time of the test's call (this process, all its threads): what the test
+    costs, whatever else the machine runs meanwhile, as its wall time is not."""
+    start = time.process_time()
+    try:
+        return (yield)
+    finally:
+        item.stash[CPU_SECONDS] = time.process_time() - start
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
     limit = item.config.getoption("fast_limit")
-    if item.config.getoption("fast") and report.when == "call" and report.duration > limit:
+    cpu = item.stash.get(CPU_SECONDS, 0.0)
+    if item.config.getoption("fast") and report.when == "call" and cpu > limit:
         report.outcome = "failed"
         report.longrepr = (
-            f"{item.nodeid} took {report.duration:.1f} s, over the fast tier's {limit:g} s: make "
-            "it cheaper (the shared finished_run fixture, fewer steps, in process) or mark it slow"
+            f"{item.nodeid} used {cpu:.1f} s of CPU ({report.duration:.1f} s of wall time), over "
+            f"the fast tier's {limit:g} s: make it cheaper (the shared finished_run fixture, "
+            "fewer steps, in process) or mark it slow"
         )
     return report
