@@ -450,6 +450,13 @@ def downstream_config(size: Size, runs: Path) -> EvaluateConfig:
     return parse(EvaluateConfig, [str(runs), *size.downstream])
 
 
+@functools.cache
+def downstream_inputs(size: Size, runs: Path) -> Inputs:
+    """The suite's data, read once per process: every encoder a worker scores shares it."""
+    config = downstream_config(size, runs)
+    return Inputs(config, downstream_data.ensure(config.cache, config.data_limit))
+
+
 def downstream_job(
     arm: str, seed: int, size: Size, runs: Path, weights: str, reuse: bool = False
 ) -> dict:
@@ -458,12 +465,12 @@ def downstream_job(
     saved = runs / f"{arm}-seed{seed}" / f"downstream-{Path(weights).stem}.json"
     if reuse and (kept := read_kept(saved)) is not None:
         return kept
-    config = downstream_config(size, runs)
+    inputs = downstream_inputs(size, runs)
     model = MaskedLanguageModel(ENCODER_PRESETS[size.encoder])
     model.load_state_dict(torch.load(runs / f"{arm}-seed{seed}" / weights))
     name = f"{arm}-seed{seed}/{weights}"
-    subject = encoder_subject(name, "model", model.to(DEVICE).eval(), config.tokens_per_batch)
-    inputs = Inputs(config, downstream_data.ensure(config.cache, config.data_limit))
+    tokens = inputs.config.tokens_per_batch
+    subject = encoder_subject(name, "model", model.to(DEVICE).eval(), tokens)
     run_suite([subject], inputs, lambda line: print(f"study: {line}", flush=True))
     saved.write_text(json.dumps(subject.scores))
     return subject.scores
@@ -472,12 +479,11 @@ def downstream_job(
 def downstream_baselines_job(size: Size, runs: Path) -> dict:
     """The suite's scores of the context-free baseline and of a random encoder of the study's
     shape (seed 0): what pre-training adds is measured against them."""
-    config = downstream_config(size, runs)
-    torch.manual_seed(config.seed)
+    inputs = downstream_inputs(size, runs)
+    torch.manual_seed(inputs.config.seed)
     fresh = MaskedLanguageModel(ENCODER_PRESETS[size.encoder]).to(DEVICE).eval()
-    tokens = config.tokens_per_batch
+    tokens = inputs.config.tokens_per_batch
     subjects = [context_free(), encoder_subject("random init", "random init", fresh, tokens)]
-    inputs = Inputs(config, downstream_data.ensure(config.cache, config.data_limit))
     run_suite(subjects, inputs, lambda line: print(f"study: {line}", flush=True))
     return {s.kind: s.scores for s in subjects}
 
