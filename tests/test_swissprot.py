@@ -121,6 +121,20 @@ def test_excluded_sequences_are_left_out_and_counted(tmp_path):
 
 
 @installed
+def test_the_command_leaves_out_the_sequences_of_an_exclude_file(tmp_path, capsys):
+    shared = next(read_proteins("CCO", limit=1))
+    held_out = tmp_path / "held_out.fasta"
+    held_out.write_text(f">test_protein\n{shared.sequence.lower()}\n")
+    out = tmp_path / "corpus"
+    args = ["--out", str(out), "--limit", "30", "--data_cache", str(tmp_path / "cache")]
+    assert main([*args, "--exclude", str(held_out)]) == 0
+    assert shared.sequence not in {protein.sequence for protein in records(out)}
+    assert "excluded" in capsys.readouterr().out
+    assert main(["--out", str(tmp_path / "x"), "--exclude", str(tmp_path / "missing.fa")]) == 2
+    assert not (tmp_path / "x").exists()
+
+
+@installed
 def test_a_failed_build_leaves_nothing(tmp_path, monkeypatch):
     """MMseqs2 missing: the build fails after the dataset is prepared, in its temporary folder."""
     tools, scratch = tmp_path / "bin", tmp_path / "tmp"

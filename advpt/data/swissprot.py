@@ -50,6 +50,7 @@ from typing import IO
 import numpy as np
 
 from advpt.command import DEBUG_HELP, command, stopping_on_signals
+from advpt.data.cache import open_data
 from advpt.data.clusters import ClusterSource
 from advpt.data.homology import cluster_ids
 from advpt.data.prepare import building, prepare
@@ -259,6 +260,12 @@ def build_corpus(
 # ----------------------------------------------------------------------------- command line
 
 
+def sequences_of(spec: str, cache: str) -> frozenset[str]:
+    """The sequences of ``--exclude``'s input (prepared into the data cache, as --data is)."""
+    dataset = open_data(spec, cache)
+    return frozenset(dataset.codes(i).tobytes().decode() for i in range(len(dataset)))
+
+
 def positive(text: str) -> int:
     """``--limit``'s type: a whole number from 1."""
     value = int(text)
@@ -294,13 +301,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--limit", type=positive, help="the first N proteins of each ontology only (for tests)"
     )
+    parser.add_argument(
+        "--exclude", help="FASTA (or any other --data input) whose sequences are left out of the "
+        "corpus, such as a downstream test set"
+    )  # fmt: skip
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
     out = Path(args.out)
     start = time.perf_counter()
     with stopping_on_signals():  # a stopped run removes its temporary folders
-        corpus = build_corpus(out, limit=args.limit, overwrite=args.overwrite)
+        exclude = sequences_of(args.exclude, args.data_cache) if args.exclude else frozenset()
+        corpus = build_corpus(out, exclude=exclude, limit=args.limit, overwrite=args.overwrite)
         ClusterSource(ProteinDataset(out), out / CLUSTERS, args.data_cache).ensure()
     print(summary(corpus, out, time.perf_counter() - start))
     return 0
