@@ -59,6 +59,7 @@ VARIANTS: dict[str, list[str]] = {
     "transformer-noiser": ["--mode", "adversarial", "--noiser_arch", "transformer"],
     "noiser-1-in-4": ["--mode", "adversarial", "--noiser_steps", "1", "--encoder_steps", "4"],
 }
-# The study (docs/study.md, 2026-11-24): no adversarial setting beat the free heuristics at equal
-# compute; random 40% had the lowest held-out loss, within noise of 15%, 20% and spans.
+# The study (docs/study.md, 2026-11-26, Swiss-Prot, judged downstream at equal compute): no
+# adversarial setting beat the free heuristics on any task by more than chance; random 40% had
+# the lowest held-out loss, within noise of 15%, 20% and spans downstream.
 VARIANTS["recommended"] = VARIANTS["random-40"]
