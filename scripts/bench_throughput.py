@@ -46,6 +46,10 @@ micro-batch of full-length sequences (every row ``--max_length`` tokens, no padd
 random-MLM encoder update (forward, backward, optimizer step; twice, so the optimizer state
 exists) fits in GPU memory, doubling from the first ``--micro_batches`` and then bisecting, up to
 ``--max_micro_batch``. On a CPU nothing runs out, so the search stops at that cap (``capped``).
+
+Bad arguments end in one sentence and exit code 2 before anything is measured: a precision
+DeepSpeed cannot run on this device (fp16 on a CPU) among them, so that no row is labelled
+with a precision that did not run.
 """
 
 from __future__ import annotations
@@ -67,14 +71,19 @@ if "--cpu" in sys.argv:  # before DeepSpeed picks its accelerator
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from deepspeed.accelerator import get_accelerator  # noqa: E402
 
+from advpt.command import DEBUG_HELP, command, non_negative, positive  # noqa: E402
 from advpt.config.cli import parse  # noqa: E402
 from advpt.config.pretrain import TrainConfig  # noqa: E402
 from advpt.data.stream import stream_loader  # noqa: E402
-from advpt.models import ENCODER_PRESETS  # noqa: E402
+from advpt.errors import ConfigError, cannot_write  # noqa: E402
+from advpt.models import ENCODER_PRESETS, NOISER_PRESETS  # noqa: E402
+from advpt.models.encoder import check_max_length  # noqa: E402
 from advpt.training.build import build_trainer, init_distributed  # noqa: E402
 from advpt.training.engines import simple_ds_config  # noqa: E402
 from advpt.training.phases import PHASES  # noqa: E402
+from advpt.training.run_dir import write_atomically  # noqa: E402
 from advpt.training.schedule import ENCODER  # noqa: E402
 from advpt.variants import VARIANTS  # noqa: E402
 
@@ -86,6 +95,7 @@ FIELDS = (
     "ms_per_encoder_update",
 )  # fmt: skip
 SEARCH_FIELDS = ("precision", "checkpointing", "zero", "max_micro_batch", "capped", "peak_mem_gb")
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def sync(device: torch.device) -> None:
@@ -126,6 +136,19 @@ def body_parameters(preset: str) -> tuple[int, int, int]:
     return per_layer * cfg.num_layers, cfg.num_layers, h
 
 
+def train_config(args, mode: str, checkpointing: int, work: Path) -> TrainConfig:
+    """The settings of a trainer of ``mode``, its DeepSpeed JSONs (which :func:`build` writes)
+    in ``work``."""
+    return parse(TrainConfig, [
+        "--deepspeed_config", str(work / "encoder.json"),
+        "--noiser_deepspeed_config", str(work / "noiser.json"), *VARIANTS[mode],
+        "--encoder", args.preset, "--noiser", args.noiser, "--max_length", str(args.max_length),
+        "--activation_checkpointing", str(checkpointing),
+        "--data", args.data, "--run_dir", str(work / "run"), "--num_workers", str(args.workers),
+        "--warmup_steps", "1", "--max_steps", str(10**6), "--noiser_start_at", "0",
+    ])  # fmt: skip
+
+
 def build(args, mode: str, cell: dict, work: Path, device: torch.device):
     """The trainer of one combination (``cell``: precision, checkpointing, micro, zero, global).
 
@@ -134,24 +157,13 @@ def build(args, mode: str, cell: dict, work: Path, device: torch.device):
     """
     cuda = device.type == "cuda"
     work.mkdir(parents=True, exist_ok=True)
-    paths = []
     for name in ("encoder", "noiser"):
         precision, zero = (cell["precision"], cell["zero"]) if name == "encoder" else ("fp32", 0)
-        path = work / f"{name}.json"
         config = simple_ds_config(
             cell["micro_batch"], cell["global_batch"], 1e-4, precision, zero, torch_adam=not cuda
         )
-        path.write_text(json.dumps(config))
-        paths.append(str(path))
-    config = parse(TrainConfig, [
-        "--deepspeed_config", paths[0], "--noiser_deepspeed_config", paths[1],
-        *VARIANTS[mode], "--encoder", args.preset, "--noiser", args.noiser,
-        "--max_length", str(args.max_length),
-        "--activation_checkpointing", str(cell["checkpointing"]),
-        "--data", args.data, "--run_dir", str(work / "run"), "--num_workers", str(args.workers),
-        "--warmup_steps", "1", "--max_steps", str(10**6), "--noiser_start_at", "0",
-    ])  # fmt: skip
-    return build_trainer(config, device)
+        (work / f"{name}.json").write_text(json.dumps(config))
+    return build_trainer(train_config(args, mode, cell["checkpointing"], work), device)
 
 
 def release(device: torch.device) -> None:
@@ -253,8 +265,13 @@ class Results:
             cells.append(f"{v:>14.4g}" if isinstance(v, float) else f"{v!s:>14}")
         print(" | ".join(cells), flush=True)
         if self.path:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(json.dumps({**self.header, "rows": self.rows}, indent=2) + "\n")
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                write_atomically(
+                    self.path, json.dumps({**self.header, "rows": self.rows}, indent=2) + "\n"
+                )
+            except OSError as err:
+                raise cannot_write(err, self.path) from err
 
 
 def timing_grid(args, peak: float, device: torch.device, tmp: Path, results: Results) -> None:
@@ -304,8 +321,6 @@ def cells(args) -> list[dict]:
     grid = itertools.product(args.precisions, args.checkpointing, args.micro_batches, args.zero)
     for precision, checkpointing, micro, zero in grid:
         global_batch = args.global_batch or micro
-        if global_batch % micro:
-            raise SystemExit(f"--global_batch {global_batch} is not a multiple of micro {micro}")
         out.append(
             dict(precision=precision, checkpointing=checkpointing, micro_batch=micro, zero=zero,
                  global_batch=global_batch)
@@ -318,7 +333,7 @@ def full_length_batch(trainer, micro: int, max_length: int):
     view = trainer.stream.view
     longest = np.argsort(-view.token_lengths, kind="stable")
     if view.token_lengths[longest[0]] < max_length:
-        raise SystemExit(f"no record of the data set has {max_length} tokens")
+        raise ConfigError(f"--max_length {max_length}: no record of the data set is that long")
     full = longest[: int((view.token_lengths >= max_length).sum())]
     examples = [view.get(int(full[i % len(full)]), 0) for i in range(micro)]
     return trainer.stream.collate(examples, 0)
@@ -381,38 +396,89 @@ def find_max_micro_batch(args, device: torch.device, tmp: Path, results: Results
         results.add({**cell, "max_micro_batch": good, "capped": capped, "peak_mem_gb": peak})
 
 
-def main() -> None:
+def check(args, accelerator) -> None:
+    """What argparse cannot check alone, before anything is measured: one sentence each.
+    ``accelerator``: DeepSpeed's, which runs the precisions."""
+    check_max_length(ENCODER_PRESETS[args.preset], args.max_length, args.preset)
+    for mode, checkpointing in itertools.product(args.modes, args.checkpointing):
+        train_config(args, mode, checkpointing, Path())  # every setting a trainer checks
+    runs = {"fp32": True, "bf16": accelerator.is_bf16_supported(),
+            "fp16": accelerator.is_fp16_supported()}  # fmt: skip
+    for precision in args.precisions:  # rather than a row labelled with what did not run
+        if not runs[precision]:
+            usable = " or ".join(p for p in PRECISIONS if runs[p])
+            raise ConfigError(
+                f"--precisions {precision} cannot run here: DeepSpeed's "
+                f"{accelerator.device_name()} accelerator does not support it (use {usable})"
+            )
+    if args.find_max_micro_batch:
+        if len(args.precisions) > 1 or len(args.zero) > 1:
+            raise ConfigError(
+                "--find_max_micro_batch searches one precision and one ZeRO stage: give "
+                "--precisions and --zero one value each"
+            )
+        if args.max_micro_batch < args.micro_batches[0]:
+            raise ConfigError(
+                f"--max_micro_batch {args.max_micro_batch} is below the search's start, "
+                f"--micro_batches {args.micro_batches[0]}"
+            )
+    else:
+        for micro in args.micro_batches:  # (a search sizes each update as one micro-batch)
+            if args.global_batch % micro:
+                raise ConfigError(
+                    f"--global_batch {args.global_batch} is not a multiple of --micro_batches "
+                    f"{micro}"
+                )
+    if args.json is not None and args.json.is_dir():
+        raise ConfigError(f"--json {args.json} is a folder; name the file to write")
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    """Exit code 0; 2 with one sentence for bad arguments, before anything is measured."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="tiny", choices=sorted(ENCODER_PRESETS))
-    parser.add_argument("--noiser", default=None, help="noiser preset (default: paper, or tiny)")
+    parser.add_argument(
+        "--noiser", default=None, choices=sorted(NOISER_PRESETS),
+        help="noiser preset (default: paper, or tiny)",
+    )  # fmt: skip
     parser.add_argument(
         "--modes", nargs="+", default=["random", "alternating"], choices=sorted(VARIANTS)
     )
-    parser.add_argument("--precisions", nargs="+", default=None, help="fp32 bf16 fp16")
-    parser.add_argument("--checkpointing", nargs="+", type=int, default=[0, 1])
-    parser.add_argument("--micro_batches", nargs="+", type=int, default=[8])
-    parser.add_argument("--zero", nargs="+", type=int, default=[0], help="encoder ZeRO stages")
     parser.add_argument(
-        "--global_batch", type=int, default=0, help="sequences per update (default: micro)"
-    )
-    parser.add_argument("--max_length", type=int, default=128)
+        "--precisions", nargs="+", default=None, choices=PRECISIONS,
+        help="default: bf16 on a GPU, fp32 on a CPU",
+    )  # fmt: skip
+    parser.add_argument("--checkpointing", nargs="+", type=non_negative, default=[0, 1])
+    parser.add_argument("--micro_batches", nargs="+", type=positive, default=[8])
     parser.add_argument(
-        "--steps", type=int, default=10, help="timed encoder updates (whole alternating cycles)"
+        "--zero", nargs="+", type=int, choices=range(4), default=[0], help="encoder ZeRO stages"
     )
-    parser.add_argument("--warmup", type=int, default=10, help="untimed encoder updates first")
-    parser.add_argument("--rounds", type=int, default=1, help="timings of every mode, in turn")
-    parser.add_argument("--workers", type=int, default=1, help="DataLoader workers")
+    parser.add_argument(
+        "--global_batch", type=non_negative, default=0, help="sequences per update (0: micro)"
+    )
+    parser.add_argument("--max_length", type=positive, default=128)
+    parser.add_argument(
+        "--steps", type=positive, default=10,
+        help="timed encoder updates (whole alternating cycles)",
+    )  # fmt: skip
+    parser.add_argument("--warmup", type=non_negative, default=10, help="untimed encoder updates")
+    parser.add_argument("--rounds", type=positive, default=1, help="timings of every mode, in turn")
+    parser.add_argument("--workers", type=non_negative, default=1, help="DataLoader workers")
     parser.add_argument("--data", default="bundled:proteome")
     parser.add_argument(
         "--find_max_micro_batch", action="store_true", help="search, don't time (see above)"
     )
-    parser.add_argument("--max_micro_batch", type=int, default=4096, help="the search's cap")
+    parser.add_argument("--max_micro_batch", type=positive, default=4096, help="the search's cap")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--cpu", action="store_true", help="force the CPU even with a GPU")
-    args = parser.parse_args()
-    cuda = torch.cuda.is_available() and not args.cpu
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    args = parser.parse_args(argv)
+    accelerator = get_accelerator()  # DeepSpeed's: the device that runs the benchmark
+    cuda = accelerator.device_name() == "cuda"
     args.noiser = args.noiser or ("tiny" if args.preset == "tiny" else "paper")
     args.precisions = args.precisions or (["bf16"] if cuda else ["fp32"])
+    check(args, accelerator)
 
     device = init_distributed()
     peak = matmul_peak_tflops(device)
@@ -429,7 +495,8 @@ def main() -> None:
             find_max_micro_batch(args, device, Path(tmp), Results(args.json, header, SEARCH_FIELDS))
         else:
             timing_grid(args, peak, device, Path(tmp), Results(args.json, header, FIELDS))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -19,6 +19,8 @@ the step: data, loss, metrics, DeepSpeed's bookkeeping.
 
 A second table times each noiser architecture's forward and backward alone on the same batch, at
 its preset's size, with its parameter count.
+
+Bad arguments end in one sentence and exit code 2 before anything is built.
 """
 
 from __future__ import annotations
@@ -39,13 +41,22 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+from advpt.command import DEBUG_HELP, command, non_negative, positive  # noqa: E402
 from advpt.config.cli import parse  # noqa: E402
 from advpt.config.pretrain import TrainConfig  # noqa: E402
 from advpt.data.stream import stream_loader  # noqa: E402
-from advpt.models import ENCODER_PRESETS, build_noiser  # noqa: E402
+from advpt.errors import ConfigError, cannot_write  # noqa: E402
+from advpt.models import (  # noqa: E402
+    ENCODER_PRESETS,
+    NOISER_ARCHITECTURES,
+    NOISER_PRESETS,
+    build_noiser,
+)
+from advpt.models.encoder import check_max_length  # noqa: E402
 from advpt.training.build import build_trainer, init_distributed  # noqa: E402
 from advpt.training.engines import simple_ds_config  # noqa: E402
 from advpt.training.objective import masked_lm  # noqa: E402
+from advpt.training.run_dir import write_atomically  # noqa: E402
 from advpt.training.schedule import ENCODER, NOISER  # noqa: E402
 from advpt.variants import VARIANTS  # noqa: E402
 
@@ -62,22 +73,24 @@ COLUMNS = (
 )  # fmt: skip
 
 
-def build(args, mode: str, work: Path):
-    """A trainer of ``mode`` at the command line's sizes (fp32, torch's AdamW, one rank)."""
-    work.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name in ("encoder", "noiser"):
-        path = work / f"{name}.json"
-        path.write_text(json.dumps(simple_ds_config(args.micro_batch, lr=1e-4)))
-        paths.append(str(path))
-    config = parse(TrainConfig, [
-        "--deepspeed_config", paths[0], "--noiser_deepspeed_config", paths[1],
-        *VARIANTS[mode],
+def train_config(args, mode: str, work: Path) -> TrainConfig:
+    """The settings of a trainer of ``mode`` at the command line's sizes, its DeepSpeed JSONs
+    (which :func:`build` writes) in ``work``."""
+    return parse(TrainConfig, [
+        "--deepspeed_config", str(work / "encoder.json"),
+        "--noiser_deepspeed_config", str(work / "noiser.json"), *VARIANTS[mode],
         "--encoder", args.preset, "--noiser", args.noiser, "--max_length", str(args.max_length),
         "--run_dir", str(work / "run"), "--num_workers", "0", "--warmup_steps", "1",
         "--max_steps", str(10**6), "--noiser_start_at", "0", "--log_every", str(10**6),
     ])  # fmt: skip
-    return build_trainer(config, torch.device("cpu"))
+
+
+def build(args, mode: str, work: Path):
+    """A trainer of ``mode`` at the command line's sizes (fp32, torch's AdamW, one rank)."""
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("encoder", "noiser"):
+        (work / f"{name}.json").write_text(json.dumps(simple_ds_config(args.micro_batch, lr=1e-4)))
+    return build_trainer(train_config(args, mode, work), torch.device("cpu"))
 
 
 def cycle_length(trainer) -> int:
@@ -220,22 +233,37 @@ def table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def check(args) -> None:
+    """What argparse cannot check alone, before anything is built: one sentence each."""
+    check_max_length(ENCODER_PRESETS[args.preset], args.max_length, args.preset)
+    for mode in args.modes:  # every setting a trainer checks (--max_length at least 3, ...)
+        train_config(args, mode, Path())
+    if args.json is not None and args.json.is_dir():
+        raise ConfigError(f"--json {args.json} is a folder; name the file to write")
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    """Exit code 0; 2 with one sentence for bad arguments, before anything is built."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="small", choices=sorted(ENCODER_PRESETS))
-    parser.add_argument("--noiser", default="small", help="noiser preset")
-    parser.add_argument("--max_length", type=int, default=128)
-    parser.add_argument("--micro_batch", type=int, default=16)
+    parser.add_argument("--noiser", default="small", choices=sorted(NOISER_PRESETS))
+    parser.add_argument("--max_length", type=positive, default=128)
+    parser.add_argument("--micro_batch", type=positive, default=16)
     parser.add_argument(
         "--modes", nargs="+", choices=sorted(VARIANTS),
         default=["random", "alternating", "simultaneous", "recommended"],
     )  # fmt: skip
-    parser.add_argument("--noisers", nargs="+", default=["gru", "transformer", "conv"])
-    parser.add_argument("--warmup", type=int, default=4, help="untimed optimizer steps first")
-    parser.add_argument("--cycles", type=int, default=1, help="profiled schedule cycles")
-    parser.add_argument("--repeats", type=int, default=5, help="timings behind each median")
+    parser.add_argument(
+        "--noisers", nargs="+", choices=NOISER_ARCHITECTURES, default=list(NOISER_ARCHITECTURES)
+    )
+    parser.add_argument("--warmup", type=non_negative, default=4, help="untimed optimizer steps")
+    parser.add_argument("--cycles", type=positive, default=1, help="profiled schedule cycles")
+    parser.add_argument("--repeats", type=positive, default=5, help="timings behind each median")
     parser.add_argument("--json", type=Path, help="write the rows here")
-    args = parser.parse_args()
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    args = parser.parse_args(argv)
+    check(args)
     init_distributed()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -249,9 +277,15 @@ def main() -> None:
     print(f"\n{header}\n\n{table(rows, ['mode', *COLUMNS, 'total', 'weight_share'])}\n")
     print(table(noisers, ["noiser", "preset", "parameters", "ms_forward_backward"]))
     if args.json:
-        args.json.write_text(json.dumps({"command": " ".join(sys.argv), "header": header,
-                                         "rows": rows, "noisers": noisers}, indent=2))  # fmt: skip
+        text = json.dumps({"command": " ".join(sys.argv), "header": header, "rows": rows,
+                           "noisers": noisers}, indent=2)  # fmt: skip
+        try:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(args.json, text)
+        except OSError as err:
+            raise cannot_write(err, args.json) from err
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from advpt.command import DEBUG_HELP, Stopped, command, stopping_on_signals
+from advpt.command import DEBUG_HELP, Stopped, command, positive, stopping_on_signals
 from advpt.config.cli import parse
 from advpt.config.evaluate import EvaluateConfig
 from advpt.config.pretrain import DataConfig, OptimConfig, TrainConfig
@@ -1057,13 +1057,6 @@ better at equal time:
 
 {downstream_section(downstream, arms, size)}"""  # noqa: E501
     (args.out / "study.md").write_text(text)
-
-
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 @command

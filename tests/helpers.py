@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import functools
 import importlib
+import importlib.util
 import io
 import json
 import os
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 from typing import NamedTuple
 
@@ -164,6 +166,28 @@ def run_module(
         [sys.executable, "-m", module, *args],
         cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
+
+
+def load_script(name: str) -> types.ModuleType:
+    """``scripts/NAME.py`` as a module, its ``main(argv)`` and helpers to call in this process."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def refused_by_script(name: str, *flags: str) -> str:
+    """``python scripts/NAME.py FLAGS`` in a fresh process, which must refuse them as a user sees
+    it: exit code 2, no traceback, and one line saying why, last on standard error (argparse's
+    usage before it, for argparse's own checks); that line."""
+    done = subprocess.run(
+        [sys.executable, f"scripts/{name}.py", *flags],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert said == done.stderr.splitlines()[-1:], done.stderr[-3000:]
+    return said[0]
 
 
 # A test of a command's ending (its exit code, its one-sentence error) run both ways: in this

@@ -1,13 +1,15 @@
 """The throughput benchmark (scripts/bench_throughput.py) at its tiny preset, in a fresh process."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 
 import pytest
+from deepspeed.accelerator import get_accelerator
 
-from tests.helpers import REPO, child_env
+from tests.helpers import REPO, child_env, load_script, refused_by_script
+
+TINY = ["--cpu", "--preset", "tiny", "--checkpointing", "0", "--steps", "1", "--warmup", "0"]
 
 
 @pytest.mark.slow
@@ -58,9 +60,7 @@ def test_every_mode_reports_every_field_and_times_the_phases_its_name_says(tmp_p
 
 
 def test_micro_batch_search_doubles_then_bisects():
-    spec = importlib.util.spec_from_file_location("bench", REPO / "scripts/bench_throughput.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench_throughput")
     tried = []
 
     def probe(limit: int):
@@ -75,3 +75,71 @@ def test_micro_batch_search_doubles_then_bisects():
     assert bench.largest_fitting(probe(10**6), 8, 100) == (64, True, 64.0)
     assert bench.largest_fitting(probe(3), 8, 100) == (3, False, 3.0)
     assert bench.largest_fitting(probe(0), 8, 100) == (0, False, None)
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--micro_batches", "0"], "bench_throughput.py: error: argument --micro_batches: must "
+         "be at least 1, not 0"),
+        (["--precisions", "fp8"], "bench_throughput.py: error: argument --precisions: invalid "
+         "choice: 'fp8' (choose from 'fp32', 'bf16', 'fp16')"),
+        (["--global_batch", "3", "--micro_batches", "2"], "advpt: error: --global_batch 3 is not "
+         "a multiple of --micro_batches 2"),
+    ],
+    ids=["micro_batches", "fp8", "global_batch"],
+)  # fmt: skip
+def test_bad_arguments_end_in_one_sentence_in_a_fresh_process(tmp_path, flags, said):
+    out = tmp_path / "bench.json"
+    assert refused_by_script("bench_throughput", *TINY, "--json", str(out), *flags) == said
+    assert not out.exists()
+
+
+@pytest.mark.skipif(
+    bool(get_accelerator().is_fp16_supported()), reason="DeepSpeed runs fp16 on this CPU"
+)
+def test_a_precision_that_cannot_run_here_is_refused_not_labelled():
+    """DeepSpeed has no fp16 on (most) CPUs: a row labelled fp16 would be a lie."""
+    assert refused_by_script("bench_throughput", *TINY, "--precisions", "fp32", "fp16") == (
+        "advpt: error: --precisions fp16 cannot run here: DeepSpeed's cpu accelerator does not "
+        "support it (use fp32 or bf16)"
+    )
+
+
+@pytest.mark.parametrize(
+    "flag, value, said",
+    [("--checkpointing", "-1", "must be at least 0, not -1"),
+     ("--micro_batches", "0", "must be at least 1, not 0"),
+     ("--zero", "4", "invalid choice: 4 (choose from 0, 1, 2, 3)"),
+     ("--global_batch", "-1", "must be at least 0, not -1"),
+     ("--max_length", "0", "must be at least 1, not 0"),
+     ("--steps", "0", "must be at least 1, not 0"),
+     ("--warmup", "-1", "must be at least 0, not -1"),
+     ("--rounds", "0", "must be at least 1, not 0"),
+     ("--workers", "-1", "must be at least 0, not -1"),
+     ("--max_micro_batch", "0", "must be at least 1, not 0")],
+)  # fmt: skip
+def test_every_number_is_checked_by_argparse(capsys, flag, value, said):
+    with pytest.raises(SystemExit) as stop:
+        load_script("bench_throughput").main([*TINY, flag, value])
+    assert stop.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.endswith(f": error: argument {flag}: {said}")  # the prog: pytest's here
+
+
+def test_what_argparse_cannot_check_is_one_sentence_before_anything_is_measured(tmp_path, capsys):
+    bench = load_script("bench_throughput")
+    search = ["--find_max_micro_batch", "--micro_batches", "8"]
+    for flags, said in [
+        (["--max_length", "2"], "max_length must be at least 3 tokens"),  # the trainer's rule
+        (["--max_length", "1025"], "--max_length 1025 exceeds the 1024 positions of encoder "
+         "tiny"),
+        ([*search, "--max_micro_batch", "4"], "--max_micro_batch 4 is below the search's start, "
+         "--micro_batches 8"),
+        ([*search, "--precisions", "fp32", "bf16"], "--find_max_micro_batch searches one "
+         "precision and one ZeRO stage: give --precisions and --zero one value each"),
+        (["--json", str(tmp_path)], f"--json {tmp_path} is a folder; name the file to write"),
+    ]:  # fmt: skip
+        assert bench.main([*TINY, *flags]) == 2
+        assert capsys.readouterr().err == f"advpt: error: {said}\n"
+    assert not list(tmp_path.iterdir())

@@ -13,7 +13,7 @@ from advpt.report import main
 from advpt.training.plots import run_figure
 from advpt.training.run_metrics import load_run
 from advpt.training.summary import compare_runs, format_duration, report_run, summarize
-from tests.helpers import REPO, child_env
+from tests.helpers import IN_AND_OUT_OF_PROCESS, REPO, child_env
 
 
 def _write_run(run_dir, rows, mode="adversarial", tail=""):
@@ -80,6 +80,10 @@ def test_report_text_and_plot_of_one_run(tmp_path):
     assert "best val loss    3.0500 at encoder step 2" in text
     assert "final val loss   3.1000 at encoder step 4" in text
     assert "adversarial 2.6000, random 2.8000: the noiser's positions are easier" in text
+    assert text.splitlines()[-2] == (  # the cut last line is left out, and said
+        "  skipped          metrics.jsonl line 7: cut short (being written, or its job was "
+        "killed while writing it)"
+    )
     assert (run_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # with the data's unigram entropy, the line under the validation losses reads it against them
     lines = report_run(run_dir, plots=False, unigram=3.2).splitlines()
@@ -113,6 +117,7 @@ def test_comparison_table_and_plot(tmp_path, capsys):
     assert main([str(adv), str(rnd)]) == 0  # no --out: the table only, and how to write it
     printed = capsys.readouterr().out
     assert "| adv | adversarial | 43s | 4 | " in printed
+    assert "\n\n- adv: skipped metrics.jsonl line 7: cut short" in printed  # under the table
     assert "| rnd | random | 12s | 4 | 100 | 2.9000 (4) | 2.9000 (4) | - / 2.9000 |" in printed
     assert "pass --out DIR" in printed and not (tmp_path / "cmp").exists()
     text = compare_runs([str(adv), str(rnd)], str(tmp_path / "cmp"))
@@ -120,15 +125,68 @@ def test_comparison_table_and_plot(tmp_path, capsys):
     assert (tmp_path / "cmp" / "comparison.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_bad_run_directories_are_one_sentence(tmp_path, capsys):
+def test_run_directories_with_nothing_to_report_are_one_sentence(tmp_path, capsys):
     assert main([str(tmp_path / "missing")]) == 2
     assert "missing/metrics.jsonl does not exist" in capsys.readouterr().err
-    broken = _write_run(tmp_path / "broken", [_train(1, 1, 0, "encoder", 1.0)], tail="{oops\n")
-    (broken / "metrics.jsonl").write_text((broken / "metrics.jsonl").read_text() + "{}\n")
-    assert main([str(broken)]) == 2
-    assert "broken/metrics.jsonl line 2 is not JSON" in capsys.readouterr().err
     assert main([str(_write_run(tmp_path / "empty", []))]) == 2
-    assert "holds no metrics yet" in capsys.readouterr().err
+    assert capsys.readouterr().err.endswith("empty/metrics.jsonl holds no metrics yet\n")
+    garbage = _write_run(tmp_path / "garbage", [], tail="\x00" * 64 + "\n[1, 2]\n{}\n{oops")
+    assert main([str(garbage)]) == 2
+    assert capsys.readouterr().err == (
+        f"advpt: error: {garbage}/metrics.jsonl holds no metrics (metrics.jsonl line 1: not "
+        "JSON; metrics.jsonl line 2: not a JSON object; metrics.jsonl line 3: no 'step'; "
+        "metrics.jsonl line 4: cut short (being written, or its job was killed while writing "
+        "it))\n"
+    )
+
+
+def test_damaged_rows_are_left_out_and_said(tmp_path):
+    """Each row a summary cannot use is left out, naming its line and why; the rest is reported."""
+    good = [_train(1, 1, 0, "encoder", 1.0), _val(1, 1, 3.0, 2.0)]
+    damaged = [
+        {**good[0], "step": "2"}, {**good[0], "step": True}, {**good[1], "val_loss": "low"},
+        {**good[0], "encoder_step": -1}, {**good[0], "phase": 7}, {**good[0], "elapsed_s": 1e999},
+        {**good[0], "time": 1e300}, {"step": 3, "val_loss": 2.0},
+    ]  # fmt: skip
+    run_dir = _write_run(tmp_path / "damaged", [*good, *damaged])
+    with (run_dir / "metrics.jsonl").open("ab") as metrics:  # a byte that is no UTF-8: not JSON
+        metrics.write(b'{"step": 4, "phase": "encoder\xff\n' + b"[" * 100_000 + b"\n")
+    run = load_run(run_dir)
+    assert [{k: v for k, v in row.items() if k != "wall_s"} for row in run.rows] == good
+    assert run.skipped == [
+        "metrics.jsonl lines 3, 4: 'step' is not a whole number",
+        "metrics.jsonl line 5: 'val_loss' is not a number",
+        "metrics.jsonl line 6: 'encoder_step' is not a whole number",
+        "metrics.jsonl line 7: 'phase' is not a string",
+        "metrics.jsonl line 8: 'elapsed_s' is not finite",
+        "metrics.jsonl line 9: 'time' is not a Unix time",
+        "metrics.jsonl line 10: no 'encoder_step'",
+        "metrics.jsonl lines 11, 12: not JSON",
+    ]
+    text = report_run(run_dir)
+    assert "final val loss   3.0000 at encoder step 1" in text
+    assert "  skipped          metrics.jsonl lines 11, 12: not JSON" in text.splitlines()
+
+
+@IN_AND_OUT_OF_PROCESS
+def test_a_damaged_config_json_leaves_the_mode_unknown_and_says_why(tmp_path, run):
+    """``config.json`` cut short (or not text, or without a mode): the numbers are reported, the
+    mode is unknown, and a line says why."""
+    run_dir = _resumed_adversarial_run(tmp_path)
+    config = run_dir / "config.json"
+    config.write_text(config.read_text()[:40])
+    done = run([str(run_dir), "--no_plots"], module="advpt.report")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "run adv (unknown)"
+    assert "  best val loss    3.0500 at encoder step 2" in lines
+    assert lines[-1].startswith("  skipped          config.json is not JSON (Unterminated string")
+    assert lines[-1].endswith("), so the mode is unknown")
+    config.write_bytes(b"\xff\xfe{")
+    assert load_run(run_dir).skipped[-1] == "config.json is not UTF-8 text, so the mode is unknown"
+    for no_mode in ("[]", '{"method": 3}', '{"method": {"mode": null}}'):
+        config.write_text(no_mode)
+        assert load_run(run_dir).skipped[-1] == "config.json names no mode, so the mode is unknown"
 
 
 def test_without_matplotlib_the_numbers_still_print(tmp_path):

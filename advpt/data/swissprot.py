@@ -49,7 +49,7 @@ from typing import IO
 
 import numpy as np
 
-from advpt.command import DEBUG_HELP, command, stopping_on_signals
+from advpt.command import DEBUG_HELP, command, positive, stopping_on_signals
 from advpt.data.cache import open_data
 from advpt.data.clusters import ClusterSource
 from advpt.data.homology import cluster_ids
@@ -264,14 +264,6 @@ def sequences_of(spec: str, cache: str) -> frozenset[str]:
     """The sequences of ``--exclude``'s input (prepared into the data cache, as --data is)."""
     dataset = open_data(spec, cache)
     return frozenset(dataset.codes(i).tobytes().decode() for i in range(len(dataset)))
-
-
-def positive(text: str) -> int:
-    """``--limit``'s type: a whole number from 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def summary(corpus: Corpus, out: Path, seconds: float) -> str:

@@ -25,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from advpt.errors import ConfigError
 from advpt.tokenizer import TAPE, VOCABULARIES, Vocabulary
 
 # Encoder family -> its vocabulary's name (advpt.tokenizer.VOCABULARIES).
@@ -109,6 +110,17 @@ ENCODER_PRESETS: dict[str, EncoderConfig] = {
     "esm2_t36_3B": _esm2(36, 2560, 40),
     "esm2_tiny": _esm2(2, 64, 4),
 }
+
+
+def check_max_length(cfg: EncoderConfig, max_length: int, name: str) -> None:
+    """Refuse ``--max_length`` beyond the positions of encoder ``cfg`` (called ``name``) in one
+    sentence (``ConfigError``), before a crop that long meets :func:`_check_length` mid-run."""
+    if max_length > cfg.max_positions:
+        raise ConfigError(
+            f"--max_length {max_length} exceeds the {cfg.max_positions} positions of encoder {name}"
+        )
+
+
 EncoderPreset = Literal[tuple(ENCODER_PRESETS)]  # the --encoder choices
 
 

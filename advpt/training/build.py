@@ -28,6 +28,7 @@ from advpt.data.stream import MicroBatches, ValidationBatches
 from advpt.errors import CheckpointError, ConfigError
 from advpt.launch import check_meeting_point, discover, free_port, rendezvous_timeout
 from advpt.models import ENCODER_PRESETS, EncoderConfig, MaskedLanguageModel, build_noiser
+from advpt.models.encoder import check_max_length
 from advpt.tokenizer import Vocabulary
 from advpt.training import ranks
 from advpt.training.batch_layout import BatchLayout
@@ -132,6 +133,8 @@ def build_trainer(
     }
     source = init_source(config.model.init_from) if config.model.init_from else None
     encoder_cfg = encoder_config(config.model, source)
+    encoder_name = config.model.encoder or config.model.init_from or DEFAULT_ENCODER
+    check_max_length(encoder_cfg, config.dataset.max_length, encoder_name)
     stream, validation = build_data(
         config, layout.micro_batch, dist.get_rank(), layout.ranks, encoder_cfg.vocabulary
     )

@@ -8,11 +8,14 @@ the rows were timestamped, ``time`` and ``elapsed_s``.
 from __future__ import annotations
 
 import json
+import math
+from collections import defaultdict
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from advpt.errors import ReportError
+from advpt.errors import ReportError, first_line
 from advpt.training.run_dir import RunDir
 
 
@@ -24,6 +27,7 @@ class Run:
     mode: str  # adversarial | random | unknown (no config.json)
     rows: list[dict[str, Any]]  # every row, in file order, with "wall_s" where timestamped
     jobs: int  # jobs that wrote the rows (a resumed run has several)
+    skipped: list[str]  # what was left out of metrics.jsonl and config.json, and why
 
     @property
     def train(self) -> list[dict[str, Any]]:
@@ -47,36 +51,117 @@ class Run:
 def load_run(run_dir: str | Path) -> Run:
     """Read ``RUN_DIR/metrics.jsonl`` (and the mode from ``config.json``).
 
-    A last line cut short (a job killed while writing) is left out; any other unreadable line
-    is an error naming the file and line.
+    What cannot be summarised is left out and said in :attr:`Run.skipped`: a line that is not
+    JSON (the last one cut short, most often: a job killed while writing it), a row without its
+    integer ``step`` or with a value of the wrong kind, and a ``config.json`` that cannot be read
+    (the mode is then unknown). A file with no row left is an error naming it.
     """
     path = Path(run_dir)
     metrics = RunDir(path).metrics
     if not metrics.is_file():
         raise ReportError(f"{metrics} does not exist (is {path} an advpt run directory?)")
-    lines = metrics.read_text().splitlines()
-    rows = []
+    text = metrics.read_text(errors="replace")  # a byte that is not UTF-8 spoils its line only
+    lines = text.splitlines()
+    rows, bad = [], defaultdict(list)  # bad: why -> the numbers of the lines left out for it
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines):
-                continue
-            raise ReportError(f"{metrics} line {number} is not JSON") from None
-        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-            raise ReportError(f"{metrics} line {number} has no integer 'step'")
-        rows.append(row)
+        except (json.JSONDecodeError, RecursionError):  # (nested past the parser's depth)
+            cut = number == len(lines) and not text.endswith("\n")
+            bad[_CUT_SHORT if cut else "not JSON"].append(number)
+            continue
+        why = _unusable(row)
+        if why:
+            bad[why].append(number)
+        else:
+            rows.append(row)
+    skipped = [f"{metrics.name} {_line_numbers(numbers)}: {why}" for why, numbers in bad.items()]
     if not rows:
-        raise ReportError(f"{metrics} holds no metrics yet")
-    mode = "unknown"
-    config = RunDir(path).config
-    if config.is_file():
-        sections = json.loads(config.read_text())
+        unread = f" ({'; '.join(skipped)})" if skipped else " yet"
+        raise ReportError(f"{metrics} holds no metrics{unread}")
+    mode, unknown = _mode(RunDir(path).config)
+    return Run(path, mode, rows, _add_wall_time(rows), skipped + unknown)
+
+
+_CUT_SHORT = "cut short (being written, or its job was killed while writing it)"
+# The values the summary and the plots compute with, by what each must be where a row has it.
+_INTEGERS = ("step", "encoder_step", "noiser_step")
+_NUMBERS = (
+    "elapsed_s", "tokens_per_s", "val_loss", "encoder_loss", "noiser_loss", "random_loss",
+    "adversarial_loss", "mask_entropy", "option_mask_share", "option_keep_share",
+    "option_replace_share",
+)  # fmt: skip
+
+
+def _unusable(row: Any) -> str | None:
+    """Why a line's JSON cannot be summarised, or None."""
+    if not isinstance(row, dict):
+        return "not a JSON object"
+    if "step" not in row:
+        return "no 'step'"
+    if "encoder_step" not in row and ("phase" in row or "val_loss" in row):
+        return "no 'encoder_step'"  # the axis of every training and validation point
+    for key in _INTEGERS:
+        if key in row and (type(row[key]) is not int or row[key] < 0):
+            return f"'{key}' is not a whole number"
+    for key in _NUMBERS:
+        if key in row and not _is_number(row[key]):
+            return f"'{key}' is not a number"
+    if "phase" in row and not isinstance(row["phase"], str):
+        return "'phase' is not a string"
+    if "elapsed_s" in row and not math.isfinite(row["elapsed_s"]):
+        return "'elapsed_s' is not finite"
+    if "time" in row and not _is_time(row["time"]):
+        return "'time' is not a Unix time"
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_time(value: Any) -> bool:
+    """Whether ``value`` is a time the summary can print as a date."""
+    if not _is_number(value):
+        return False
+    try:
+        datetime.fromtimestamp(value)
+    except (ValueError, OverflowError, OSError):
+        return False
+    return True
+
+
+def _line_numbers(numbers: list[int], shown: int = 5) -> str:
+    """``line 9``, ``lines 2, 3`` or ``lines 2, 3, 5, 8, 13 and 4 more``."""
+    if len(numbers) == 1:
+        return f"line {numbers[0]}"
+    more = f" and {len(numbers) - shown} more" if len(numbers) > shown else ""
+    return "lines " + ", ".join(map(str, numbers[:shown])) + more
+
+
+def _mode(config: Path) -> tuple[str, list[str]]:
+    """The run's mode from its ``config.json`` ("unknown" without one), and what was skipped:
+    a file that cannot say, said why."""
+    if not config.is_file():
+        return "unknown", []
+    try:
+        sections = json.loads(config.read_bytes())
+    except OSError as err:
+        why = f"cannot be read ({err.strerror or err})"
+    except UnicodeDecodeError:
+        why = "is not UTF-8 text"
+    except (json.JSONDecodeError, RecursionError) as err:
+        why = f"is not JSON ({first_line(err)})"
+    else:
         # runs written before the method section kept the mode under run
-        mode = sections.get("method", sections.get("run", {})).get("mode", mode)
-    return Run(path, mode, rows, _add_wall_time(rows))
+        method = sections.get("method", sections.get("run")) if isinstance(sections, dict) else None
+        mode = method.get("mode") if isinstance(method, dict) else None
+        if isinstance(mode, str):
+            return mode, []
+        why = "names no mode"
+    return "unknown", [f"{config.name} {why}, so the mode is unknown"]
 
 
 def _add_wall_time(rows: list[dict[str, Any]]) -> int:

@@ -38,6 +38,7 @@ class Summary:
     final_val: tuple[float, int] | None
     adversarial_loss: float | None  # mean over the last tenth of the encoder-step windows
     random_loss: float | None
+    skipped: list[str]  # what was left out of the run's files, and why (Run.skipped)
 
 
 def _tokens_per_s(train: list[dict[str, Any]]) -> float | None:
@@ -86,6 +87,7 @@ def summarize(run: Run, name: str | None = None) -> Summary:
         final_val=val[-1] if val else None,
         adversarial_loss=_tail_mean(run.encoder_train, "adversarial_loss"),
         random_loss=_tail_mean(run.encoder_train, "random_loss"),
+        skipped=run.skipped,
     )
 
 
@@ -147,6 +149,7 @@ def format_summary(s: Summary, unigram: float | None = None) -> str:
     if unigram is not None:
         lines.append(f"  unigram entropy  {unigram:.4f} nats, {_against_unigram(s, unigram)}")
     lines.append(f"  position loss    {_position_losses(s)}")
+    lines += [f"  skipped          {note}" for note in s.skipped]
     return "\n".join(lines)
 
 
@@ -160,7 +163,7 @@ def _against_unigram(s: Summary, unigram: float) -> str:
 
 
 def format_table(summaries: list[Summary]) -> str:
-    """A Markdown table, one row per run."""
+    """A Markdown table, one row per run, and under it what was skipped of each run's files."""
     header = (
         "| run | mode | wall time | encoder steps | tokens/s | best val loss (step) "
         "| final val loss (step) | adversarial / random loss |"
@@ -176,7 +179,8 @@ def format_table(summaries: list[Summary]) -> str:
             f"| {s.name} | {s.mode} | {format_duration(s.wall_s)} | {s.encoder_steps} | {rate} "
             f"| {best} | {final} | {adv} / {rnd} |"
         )
-    return "\n".join(lines)
+    skipped = [f"- {s.name}: skipped {note}" for s in summaries for note in s.skipped]
+    return "\n".join(lines + ([""] if skipped else []) + skipped)
 
 
 # ------------------------------------------------------------------------------- entry

@@ -1,0 +1,49 @@
+"""The step profiler (scripts/profile_step.py): its arguments, checked before anything is built."""
+
+import pytest
+
+from tests.helpers import load_script, refused_by_script
+
+TINY = ["--preset", "tiny", "--noiser", "tiny", "--modes", "random", "--noisers", "gru"]
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--micro_batch", "0"], "profile_step.py: error: argument --micro_batch: must be at "
+         "least 1, not 0"),
+        (["--noisers", "gru", "lstm"], "profile_step.py: error: argument --noisers: invalid "
+         "choice: 'lstm' (choose from 'gru', 'transformer', 'conv')"),
+        (["--cycles", "0"], "profile_step.py: error: argument --cycles: must be at least 1, not 0"),
+        (["--max_length", "5000"], "advpt: error: --max_length 5000 exceeds the 1024 positions "
+         "of encoder tiny"),
+    ],
+    ids=["micro_batch", "noisers", "cycles", "max_length"],
+)  # fmt: skip
+def test_bad_arguments_end_in_one_sentence_in_a_fresh_process(flags, said):
+    assert refused_by_script("profile_step", *TINY, *flags) == said
+
+
+@pytest.mark.parametrize(
+    "flag, value, least",
+    [("--max_length", "0", 1), ("--micro_batch", "0", 1), ("--warmup", "-1", 0),
+     ("--cycles", "0", 1), ("--repeats", "0", 1)],
+)  # fmt: skip
+def test_every_number_is_checked_by_argparse(capsys, flag, value, least):
+    with pytest.raises(SystemExit) as stop:
+        load_script("profile_step").main([*TINY, flag, value])
+    assert stop.value.code == 2
+    said = f"argument {flag}: must be at least {least}, not {value}"
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.endswith(f": error: {said}")  # the prog: pytest's here
+
+
+def test_what_argparse_cannot_check_is_one_sentence_before_anything_is_built(tmp_path, capsys):
+    profile = load_script("profile_step")
+    for flags, said in [
+        (["--max_length", "2"], "max_length must be at least 3 tokens"),  # the trainer's rule
+        (["--json", str(tmp_path)], f"--json {tmp_path} is a folder; name the file to write"),
+    ]:
+        assert profile.main([*TINY, *flags]) == 2
+        assert capsys.readouterr().err == f"advpt: error: {said}\n"
+    assert not list(tmp_path.iterdir())
