@@ -43,15 +43,19 @@ def main(argv: list[str] | None = None) -> int:
         _check_run_dir(config)
         own_group = not dist.is_initialized()  # a caller's process group is left to the caller
         device = init_distributed()
-        _claim_run_dir(config, lock)
-        trainer = build_trainer(config, device, stop_signals)
-        trainer.train()
-        if trainer.is_main:
-            _print_summary(trainer)
-        # Every rank leaves together: the launcher ends the others when one exits.
-        dist.barrier()
-        if own_group:
-            dist.destroy_process_group()
+        try:
+            _claim_run_dir(config, lock)
+            trainer = build_trainer(config, device, stop_signals)
+            trainer.train()
+            if trainer.is_main:
+                _print_summary(trainer)
+            # Every rank leaves together: the launcher ends the others when one exits.
+            dist.barrier()
+        finally:
+            # Also after an error: a group left to the interpreter's exit may have its threads
+            # destroyed while running ("terminate called without an active exception").
+            if own_group and dist.is_initialized():
+                dist.destroy_process_group()
         return EXIT_STOPPED if trainer.stopped_by else 0
 
 
@@ -60,6 +64,9 @@ def _check_run_dir(config: TrainConfig) -> None:
     run_dir = RunDir.at(config.run.run_dir)
     if run_dir.root.exists() and not run_dir.root.is_dir():
         raise ConfigError(f"--run_dir {run_dir} is a file, not a directory")
+    above = next(p for p in run_dir.root.absolute().parents if p.exists())
+    if not above.is_dir():
+        raise ConfigError(f"--run_dir {run_dir} cannot be made: {above} is a file, not a directory")
     if run_dir.root.is_dir():
         # A link to a file, or a dangling one, would have the run's files written through it
         # (a link to a directory, such as checkpoints on another disk, is the user's choice).

@@ -282,8 +282,21 @@ def test_run_directory_that_cannot_be_created_is_one_sentence(tmp_path, capsys, 
     run_dir = tmp_path / "taken" / "run"
     assert _train(tmp_path, "--run_dir", str(run_dir), "--num_workers", "0") == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == f"advpt: error: cannot write {run_dir}: Not a directory"
+    expected = (
+        f"--run_dir {run_dir} cannot be made: {tmp_path / 'taken'} is a file, not a directory"
+    )
+    assert err[-1] == f"advpt: error: {expected}"
     assert "Traceback" not in "\n".join(err)
+
+
+def test_crops_longer_than_the_encoder_reads_are_refused_before_training(
+    tmp_path, capsys, distributed
+):
+    # the bundled proteome holds longer records: such a crop met the encoder's check mid-run
+    assert _train(tmp_path, "--max_length", "1100", "--num_workers", "0") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "advpt: error: --max_length 1100 exceeds the 1024 positions of encoder tiny"
+    assert not (tmp_path / "run").exists()
 
 
 # A command failing on rank 1 of a launched job, before its process group exists.

@@ -280,6 +280,11 @@ class RunConfig(Section):
     """Most recent checkpoints kept on disk."""
     resume: bool = False
     """Continue the run in run_dir from its newest complete checkpoint."""
+    allow_setting_changes: bool = False
+    """--resume with other method or masking settings than the checkpoint was trained with
+    (rates, cycle lengths, temperatures, the warm-up): train on with the new ones from the
+    resumed step, each change recorded with its step in run_dir/setting_changes.json. Without
+    it such a resume is refused. The mode, schedule and models never change on a resume."""
     stop_after_steps: int = 0
     """End this job cleanly, with a checkpoint, after this many encoder steps; 0 is off."""
     max_skipped_in_a_row: int = 20
@@ -400,6 +405,19 @@ class TrainConfig(Section):
         if self.importance:
             return 0.0, total
         return m.random_rate, m.adversarial_rate
+
+    def training_settings(self) -> dict[str, Any]:
+        """What a checkpoint records as the way it was trained, by flag name, and a resumed run
+        keeps unless ``--allow_setting_changes``: the method's settings and the masking's, but
+        for where the sampler runs and when a collapse warning is given, which train nothing
+        differently."""
+        untrained = {"sampler_backend", "collapse_entropy_threshold"}
+        return {
+            f.name: getattr(section, f.name)
+            for section in (self.method, self.masking)
+            for f in dataclasses.fields(section)
+            if f.name not in untrained
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -146,7 +146,8 @@ def build_trainer(
     identity = model_identity(encoder_cfg, noiser if config.adversarial else None)
     checkpointer = Checkpointer(
         run_dir, engines, identity, config.run.checkpoint_every, config.run.keep_checkpoints,
-        global_batch_given=config.global_batch is not None,
+        config.training_settings(), global_batch_given=config.global_batch is not None,
+        allow_changes=config.run.allow_setting_changes,
     )  # fmt: skip
     return Trainer(
         config, engines, deepspeed_configs, layout, checkpointer, stream, validation, device,

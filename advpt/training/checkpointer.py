@@ -2,11 +2,14 @@
 
 Modelled on torchtitan's ``CheckpointManager``. The parts: the engines (weights, optimizer and
 learning-rate schedule states), the counters (optimizer steps, training time and the stream
-position: the job's global count of micro-batches), the schedule's phase, the batch layout
-and each rank's RNG. ``advpt.training.checkpoint`` writes and validates the files; the
+position: the job's global count of micro-batches), the schedule's phase, the batch layout,
+each rank's RNG, and the settings the run trains with (``TrainConfig.training_settings``) with
+the history of their changes. ``advpt.training.checkpoint`` writes and validates the files; the
 checkpointer decides when a save is due and restores every part, checkpoints of older formats
 included. Its ``identity`` (``checkpoint.model_identity``) is what the manifest records as the
-model, and what a resumed run must match.
+model, and what a resumed run must match. A resumed run keeps the recorded training settings
+too, unless it allows changes: then each change is added to the history with the step it took
+effect at.
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ from advpt.training.counters import Counters
 from advpt.training.run_dir import RunDir
 from advpt.training.schedule import Schedule
 
+SettingChange = dict[str, Any]  # {"step", "encoder_step", "changed": {flag: [before, after]}}
+
 
 class Checkpointer:
     """Saves every ``every`` encoder steps (and at the end) under ``run_dir``'s checkpoints,
     keeping the ``keep`` newest. ``global_batch_given``: --global_batch replaces the global
-    batch of a resumed checkpoint."""
+    batch of a resumed checkpoint. ``settings``: how the run trains (by flag), which a resume
+    may change only with ``allow_changes``; ``changes`` is then their history."""
 
     def __init__(
         self,
@@ -33,14 +39,19 @@ class Checkpointer:
         identity: dict[str, Any],
         every: int,
         keep: int,
+        settings: dict[str, Any],
         global_batch_given: bool = False,
+        allow_changes: bool = False,
     ):
         self.root = run_dir.checkpoints
         self.engines = engines
         self.identity = identity
         self.every = every
         self.keep = keep
+        self.settings = settings
         self.global_batch_given = global_batch_given
+        self.allow_changes = allow_changes
+        self.changes: list[SettingChange] = []
 
     def due(self, encoder_step: int, stop_at: int) -> bool:
         """Whether the run saves after reaching ``encoder_step`` (ending at ``stop_at``)."""
@@ -52,6 +63,8 @@ class Checkpointer:
             "counters": counters.state_dict(),
             "schedule": schedule.state_dict(),
             **layout.state_dict(),
+            "settings": self.settings,
+            "setting_changes": self.changes,
         }
         tag = checkpoint.checkpoint_tag(counters.step)
         checkpoint.save_checkpoint(self.root, tag, self.engines, state, self.keep, self.identity)
@@ -67,10 +80,40 @@ class Checkpointer:
             return None
         state = checkpoint.load_checkpoint(self.root, tag, self.engines)
         counters.load_state_dict(state["counters"])
-        try:
+        try:  # first: another schedule is refused whatever the settings allow
             schedule.load_state_dict(state["schedule"])
         except ValueError as exc:
             raise CheckpointError(f"{self.root}: {exc}") from None
+        self._take_settings(state, tag, counters)
         if "layout" not in state:  # written when the data position counted one rank's batches
             counters.micro_batches *= checkpoint.saved_world_size(self.root, tag)
         return layout.resumed(state, tag, self.root, self.global_batch_given)
+
+    def _take_settings(self, state: dict[str, Any], tag: str, counters: Counters) -> None:
+        """Refuse settings other than those ``state`` was trained with, or with
+        ``allow_changes`` add them to its history of changes, at the resumed step. Checkpoints
+        written before settings were recorded resume with any."""
+        saved = state.get("settings")
+        self.changes = list(state.get("setting_changes", []))
+        if saved is None:
+            return
+        changed = {
+            flag: [saved.get(flag), value]
+            for flag, value in self.settings.items()
+            if saved.get(flag, value) != value
+        }
+        if not changed:
+            return
+        if not self.allow_changes:
+            listed = ", ".join(
+                f"--{flag} {old} there, {new} here" for flag, (old, new) in changed.items()
+            )
+            raise CheckpointError(
+                f"checkpoint {tag} in {self.root} was trained with other settings than this "
+                f"run's ({listed}); resume with its settings, or pass --allow_setting_changes to "
+                f"train on with these from encoder step {counters.encoder_step} (each change is "
+                "recorded)"
+            )
+        self.changes.append(
+            {"step": counters.step, "encoder_step": counters.encoder_step, "changed": changed}
+        )

@@ -6,6 +6,8 @@ A pre-training run (``advpt.train``) writes::
     ds_config.json          the encoder's DeepSpeed config as resolved (batch layout, lr)
     ds_noiser_config.json   the noiser's, in adversarial runs
     metrics.jsonl           one JSON object per logged step (``advpt.training.monitor``)
+    setting_changes.json    the settings a resume changed, each with its step (written by
+                              a resume with --allow_setting_changes only)
     tensorboard/            the trackers' files (``advpt.training.trackers``): TensorBoard,
     metrics.csv, wandb/,      CSV, W&B, MLflow, and the W&B and MLflow run ids
     mlflow.db, trackers.json
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +63,10 @@ class RunDir:
     @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
+
+    @property
+    def setting_changes(self) -> Path:
+        return self.root / "setting_changes.json"
 
     @property
     def tensorboard(self) -> Path:
@@ -139,7 +146,10 @@ def misplaced_entry(run_dir: RunDir) -> str:
     a run, a ``config.json`` that is no advpt run's (a model's own, say), which the run would
     replace; empty when none."""
     folders = (run_dir.checkpoints, run_dir.tensorboard)
-    files = (run_dir.config, run_dir.metrics, *map(run_dir.deepspeed_config, ("encoder", "noiser")))
+    files = (
+        run_dir.config, run_dir.metrics, run_dir.setting_changes,
+        *map(run_dir.deepspeed_config, ("encoder", "noiser")),
+    )  # fmt: skip
     for path in folders:
         if path.exists() and not path.is_dir():
             return f"run directory {run_dir} holds {path.name}, a file where the run keeps a folder"
@@ -167,14 +177,23 @@ def _is_run_config(path: Path) -> bool:
 
 
 def write_config(
-    run_dir: RunDir, settings: dict[str, Any], deepspeed: dict[str, dict[str, Any]]
+    run_dir: RunDir,
+    settings: dict[str, Any],
+    deepspeed: dict[str, dict[str, Any]],
+    changes: Sequence[dict[str, Any]] = (),
 ) -> None:
     """``config.json``: every setting of the run, the DeepSpeed JSONs named by the configs
-    ``deepspeed`` (engine -> config) resolved from them, written beside it. Every file is
-    written atomically, the JSONs first: ``config.json`` never names a file not yet there."""
+    ``deepspeed`` (engine -> config) resolved from them, written beside it, and the
+    ``changes`` of settings that resumes made, if any (``setting_changes.json``, gone when
+    none: a run resumed from before them). Every file is
+    written atomically, the others first: ``config.json`` never names a file not yet there."""
     settings = dict(settings)
     try:
         run_dir.root.mkdir(parents=True, exist_ok=True)
+        if changes:
+            write_atomically(run_dir.setting_changes, json.dumps(changes, indent=2) + "\n")
+        else:
+            run_dir.setting_changes.unlink(missing_ok=True)
         for engine, config in deepspeed.items():
             path = run_dir.deepspeed_config(engine)
             write_atomically(path, json.dumps(config, indent=2) + "\n")

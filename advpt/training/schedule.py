@@ -33,8 +33,13 @@ class AlternatingSchedule:
         if not self.adversarial:
             return
         self.steps_in_phase += 1
+        self._switch_when_full()
+
+    def _switch_when_full(self) -> None:
+        """Start the other phase once this one has had its steps (or more: a run resumed with
+        a shorter cycle, ``--allow_setting_changes``, whose phase would otherwise never end)."""
         length = self.noiser_steps if self.phase == NOISER else self.encoder_steps
-        if self.steps_in_phase == length:
+        if self.steps_in_phase >= length:
             self.phase = ENCODER if self.phase == NOISER else NOISER
             self.steps_in_phase = 0
 
@@ -57,8 +62,11 @@ class AlternatingSchedule:
                 "the checkpoint was written by the simultaneous schedule; resume it with "
                 "--schedule simultaneous"
             )
+        if not self.adversarial:
+            return  # every step is an encoder step, whatever was saved
         self.phase = str(state["phase"])
         self.steps_in_phase = int(state["steps_in_phase"])
+        self._switch_when_full()
 
 
 class SimultaneousSchedule:

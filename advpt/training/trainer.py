@@ -111,7 +111,7 @@ class Trainer:
         if self.is_main:  # after restore: a refused resume leaves the run's own config
             resolved = {name: {**ds, **self.layout.deepspeed_settings(name)}
                         for name, ds in self.deepspeed_configs.items()}  # fmt: skip
-            write_config(self.run_dir, cfg.to_dict(), resolved)
+            write_config(self.run_dir, cfg.to_dict(), resolved, self.checkpointer.changes)
         writer = MetricsWriter(
             self.run_dir, self.is_main,
             (self.counters.step, self.counters.encoder_step) if resumed else None,
