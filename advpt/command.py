@@ -27,7 +27,9 @@ import functools
 import os
 import signal
 import sys
+import threading
 import traceback
+import weakref
 from collections.abc import Callable, Iterator
 from types import FrameType
 
@@ -121,8 +123,8 @@ class Stopped(BaseException):
     A ``BaseException``, as ``KeyboardInterrupt`` is: the signal may come inside any library's
     ``except Exception`` (tqdm's, starting its monitor thread, swallowed it and went on)."""
 
-    def __init__(self, signum: int):
-        super().__init__(f"stopped by {signal.Signals(signum).name}; nothing was kept")
+    def __init__(self, signum: int, kept: str = "nothing was kept"):
+        super().__init__(f"stopped by {signal.Signals(signum).name}; {kept}")
         self.signum = signum
 
 
@@ -132,10 +134,20 @@ def stopping_on_signals(interrupt_stops: bool = True) -> Iterator[None]:
     ``finally`` blocks of the work in progress remove what it had half-written before the
     process exits; signals after the first are ignored, so that nothing interrupts that
     cleaning up. Unless ``interrupt_stops``, SIGINT raises ``KeyboardInterrupt`` (exit 130), as
-    it does in training."""
+    it does in training.
+
+    A signal that comes while a finalizer runs (a ``weakref.finalize`` or ``__del__``, when the
+    garbage collector frees a temporary directory, say) is sent again just after: Python
+    prints and drops whatever a finalizer raises, and the work would go on as if never
+    stopped."""
     signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
     def stop(signum: int, frame: FrameType | None) -> None:
+        if _in_finalizer(frame):
+            again = threading.Timer(0.05, signal.pthread_kill, (threading.get_ident(), signum))
+            again.daemon = True
+            again.start()
+            return
         for sig in signals:
             signal.signal(sig, signal.SIG_IGN)
         if signum == signal.SIGINT and not interrupt_stops:
@@ -148,6 +160,18 @@ def stopping_on_signals(interrupt_stops: bool = True) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _in_finalizer(frame: FrameType | None) -> bool:
+    """Whether ``frame`` runs inside a finalizer, whose exceptions Python drops."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or (
+            code.co_name == "__call__" and code.co_filename == weakref.__file__
+        ):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def command(main: Main) -> Main:

@@ -73,7 +73,14 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from deepspeed.accelerator import get_accelerator  # noqa: E402
 
-from advpt.command import DEBUG_HELP, command, non_negative, positive  # noqa: E402
+from advpt.command import (  # noqa: E402
+    DEBUG_HELP,
+    Stopped,
+    command,
+    non_negative,
+    positive,
+    stopping_on_signals,
+)
 from advpt.config.cli import parse  # noqa: E402
 from advpt.config.pretrain import TrainConfig  # noqa: E402
 from advpt.data.stream import stream_loader  # noqa: E402
@@ -490,11 +497,16 @@ def main(argv: list[str] | None = None) -> int:
         "max_length": args.max_length, "command": " ".join(sys.argv),
         "date": time.strftime("%Y-%m-%d"),
     }  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.find_max_micro_batch:
-            find_max_micro_batch(args, device, Path(tmp), Results(args.json, header, SEARCH_FIELDS))
-        else:
-            timing_grid(args, peak, device, Path(tmp), Results(args.json, header, FIELDS))
+    results = Results(args.json, header, SEARCH_FIELDS if args.find_max_micro_batch else FIELDS)
+    try:
+        with stopping_on_signals(), tempfile.TemporaryDirectory() as tmp:
+            if args.find_max_micro_batch:
+                find_max_micro_batch(args, device, Path(tmp), results)
+            else:
+                timing_grid(args, peak, device, Path(tmp), results)
+    except Stopped as stop:
+        kept = f"the rows measured are in {args.json}" if args.json and results.rows else ""
+        raise Stopped(stop.signum, kept or "nothing was kept") from None
     return 0
 
 

@@ -41,7 +41,14 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from advpt.command import DEBUG_HELP, command, non_negative, positive  # noqa: E402
+from advpt.command import (  # noqa: E402
+    DEBUG_HELP,
+    Stopped,
+    command,
+    non_negative,
+    positive,
+    stopping_on_signals,
+)
 from advpt.config.cli import parse  # noqa: E402
 from advpt.config.pretrain import TrainConfig  # noqa: E402
 from advpt.data.stream import stream_loader  # noqa: E402
@@ -265,26 +272,37 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     check(args)
     init_distributed()
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for mode in args.modes:
-            rows.append(profile_mode(args, mode, Path(tmp) / mode))
-            print(table(rows[-1:], ["mode", *COLUMNS, "total"]), flush=True)
-        batch = next(iter(build(args, "random", Path(tmp) / "batch").stream))
-    noisers = noiser_rows(args, batch)
     header = f"{args.preset}, noiser {args.noiser}, crops of {args.max_length}, micro-batch "
     header += f"{args.micro_batch}, {torch.get_num_threads()} thread(s); ms per encoder update"
+    rows, noisers = [], []
+    try:
+        with stopping_on_signals(), tempfile.TemporaryDirectory() as tmp:
+            for mode in args.modes:
+                rows.append(profile_mode(args, mode, Path(tmp) / mode))
+                print(table(rows[-1:], ["mode", *COLUMNS, "total"]), flush=True)
+            batch = next(iter(build(args, "random", Path(tmp) / "batch").stream))
+            noisers = noiser_rows(args, batch)
+    except Stopped as stop:  # the modes profiled so far are written, marked as a part
+        if args.json and rows:
+            write_rows(args.json, header + " (stopped early)", rows, noisers)
+        kept = f"the modes profiled are in {args.json}" if args.json and rows else ""
+        raise Stopped(stop.signum, kept or "nothing was kept") from None
     print(f"\n{header}\n\n{table(rows, ['mode', *COLUMNS, 'total', 'weight_share'])}\n")
     print(table(noisers, ["noiser", "preset", "parameters", "ms_forward_backward"]))
     if args.json:
-        text = json.dumps({"command": " ".join(sys.argv), "header": header, "rows": rows,
-                           "noisers": noisers}, indent=2)  # fmt: skip
-        try:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            write_atomically(args.json, text)
-        except OSError as err:
-            raise cannot_write(err, args.json) from err
+        write_rows(args.json, header, rows, noisers)
     return 0
+
+
+def write_rows(path: Path, header: str, rows: list[dict], noisers: list[dict]) -> None:
+    """The rows as JSON in ``path``, written atomically, with the command that made them."""
+    text = json.dumps({"command": " ".join(sys.argv), "header": header, "rows": rows,
+                       "noisers": noisers}, indent=2)  # fmt: skip
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, text)
+    except OSError as err:
+        raise cannot_write(err, path) from err
 
 
 if __name__ == "__main__":

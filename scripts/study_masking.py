@@ -40,7 +40,6 @@ import math
 import multiprocessing
 import os
 import shutil
-import signal
 import statistics
 import sys
 import time
@@ -367,17 +366,6 @@ def read_results(path: Path) -> list[dict]:
         raise ConfigError(f"--report_only: {path} does not exist; run the study first") from None
     except (OSError, ValueError) as err:
         raise DataError(f"--report_only: {path} cannot be read ({err})") from None
-
-
-class StudyStopped(Stopped):
-    """A stop signal ended the study; the runs it finished are kept for ``--reuse``."""
-
-    def __init__(self, signum: int, runs: Path):
-        BaseException.__init__(
-            self,
-            f"stopped by {signal.Signals(signum).name}; the finished runs are kept in {runs}: "
-            "run the same command with --reuse to go on",
-        )
 
 
 # ------------------------------------------------------------------------------------ jobs
@@ -1111,7 +1099,8 @@ def main(argv: list[str] | None = None) -> int:
             with stopping_on_signals():
                 results, baselines = run_study(arms, size, args.runs, args.data, args.reuse, costs)
         except Stopped as stop:
-            raise StudyStopped(stop.signum, args.runs) from None
+            kept = f"the finished runs are kept in {args.runs}: run the same command with --reuse"
+            raise Stopped(stop.signum, kept + " to go on") from None
         minutes = (time.perf_counter() - start) / 60
         during = [r["load"] for r in results if "load" in r]
         load = (load, os.getloadavg()[0], min(during), max(during))

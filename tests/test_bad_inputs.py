@@ -379,3 +379,42 @@ def test_the_config_is_written_through_no_file_left_at_a_predictable_name(tmp_pa
     assert _train(tmp_path, "--num_workers", "0") == 0
     assert mine.read_text() == "my notes\n"
     assert json.loads((run_dir / "config.json").read_text())["run"]["run_dir"] == str(run_dir)
+
+
+# A stop signal that arrives while the garbage collector runs a finalizer (as it frees a
+# temporary directory, say), whose exceptions Python drops.
+SIGNAL_IN_A_FINALIZER = """
+import os, signal, sys, time, weakref
+from advpt.command import command, stopping_on_signals
+
+class Box:
+    pass
+
+def finalize():
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.01)  # the handler runs here, inside the finalizer
+
+@command
+def main(argv):
+    with stopping_on_signals():
+        box = Box()
+        weakref.finalize(box, finalize)
+        del box
+        time.sleep(10)
+        print("went on as if never stopped")
+    return 0
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_stop_signal_met_inside_a_finalizer_still_stops_the_command():
+    done = subprocess.run(
+        [sys.executable, "-c", SIGNAL_IN_A_FINALIZER], cwd=REPO, env=child_env(),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 75, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "advpt: error: stopped by SIGTERM; nothing was kept"
+    ]
+    assert "went on" not in done.stdout

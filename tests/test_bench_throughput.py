@@ -1,13 +1,14 @@
 """The throughput benchmark (scripts/bench_throughput.py) at its tiny preset, in a fresh process."""
 
 import json
+import signal
 import subprocess
 import sys
 
 import pytest
 from deepspeed.accelerator import get_accelerator
 
-from tests.helpers import REPO, child_env, load_script, refused_by_script
+from tests.helpers import REPO, child_env, load_script, refused_by_script, wait_until
 
 TINY = ["--cpu", "--preset", "tiny", "--checkpointing", "0", "--steps", "1", "--warmup", "0"]
 
@@ -143,3 +144,35 @@ def test_what_argparse_cannot_check_is_one_sentence_before_anything_is_measured(
         assert bench.main([*TINY, *flags]) == 2
         assert capsys.readouterr().err == f"advpt: error: {said}\n"
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("script", ["bench_throughput", "profile_step"])
+def test_a_stop_signal_ends_a_script_with_75_and_keeps_the_rows_measured(tmp_path, script):
+    out = tmp_path / "rows.json"
+    flags = {
+        "bench_throughput": [*TINY, "--modes", "random", "--micro_batches", "2", "4", "8", "16",
+                             "32", "64", "128"],
+        "profile_step": ["--preset", "tiny", "--noiser", "tiny", "--max_length", "32",
+                         "--micro_batch", "4", "--modes", "random", "random-40", "span",
+                         "alternating", "simultaneous", "--noisers", "gru", "--repeats", "1",
+                         "--cycles", "1", "--warmup", "0"],
+    }[script]  # fmt: skip
+    printed = tmp_path / "stdout.txt"
+    with printed.open("w") as stdout:
+        job = subprocess.Popen(
+            [sys.executable, f"scripts/{script}.py", *flags, "--json", str(out)], cwd=REPO,
+            env=child_env(), stdout=stdout, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+    # a first row is measured (bench_throughput writes each to the file at once)
+    measured = {
+        "bench_throughput": out.exists,
+        "profile_step": lambda: "| random |" in printed.read_text(),
+    }
+    wait_until(job, measured[script], "a first row")
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 75, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("advpt: error: stopped by SIGTERM; the ") and str(out) in last, last
+    assert "Traceback" not in err
+    assert json.loads(out.read_text())["rows"]
