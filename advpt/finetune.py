@@ -58,8 +58,8 @@ from advpt.tasks import (  # noqa: E402
     task_spec,
 )
 from advpt.training.batch_layout import BatchLayout  # noqa: E402
-from advpt.training.build import init_distributed  # noqa: E402
 from advpt.training.consolidate import load_encoder  # noqa: E402
+from advpt.training.distributed import init_distributed  # noqa: E402
 from advpt.training.engines import (  # noqa: E402
     build_engine,
     current_lr,

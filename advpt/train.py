@@ -20,9 +20,10 @@ from advpt.config.cli import parse  # noqa: E402
 from advpt.config.pretrain import TrainConfig  # noqa: E402
 from advpt.data.unigram import residue_counts, unigram_entropy  # noqa: E402
 from advpt.errors import EXIT_STOPPED, ConfigError, OutputError, ReportError  # noqa: E402
-from advpt.training import ranks  # noqa: E402
-from advpt.training.build import build_trainer, init_distributed  # noqa: E402
+from advpt.training import distributed  # noqa: E402
+from advpt.training.build import build_trainer  # noqa: E402
 from advpt.training.checkpoint import checkpoint_tag  # noqa: E402
+from advpt.training.distributed import init_distributed  # noqa: E402
 from advpt.training.preemption import StopSignals  # noqa: E402
 from advpt.training.run_dir import RunDir, misplaced_entry  # noqa: E402
 from advpt.training.run_lock import RunDirLock  # noqa: E402
@@ -40,11 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     """
     with StopSignals() as stop_signals, RunDirLock() as lock:
         config = parse(TrainConfig, argv)
-        _check_run_dir(config)
+        run_dir = RunDir.at(config.run.run_dir)
+        _check_run_dir(run_dir, config.run.resume)
         own_group = not dist.is_initialized()  # a caller's process group is left to the caller
         device = init_distributed()
         try:
-            _claim_run_dir(config, lock)
+            _claim_run_dir(run_dir, config.run.resume, lock)
             trainer = build_trainer(config, device, stop_signals)
             trainer.train()
             if trainer.is_main:
@@ -59,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_STOPPED if trainer.stopped_by else 0
 
 
-def _check_run_dir(config: TrainConfig) -> None:
-    """Refuse an unusable run directory before anything is built."""
-    run_dir = RunDir.at(config.run.run_dir)
+def _check_run_dir(run_dir: RunDir, resume: bool) -> None:
+    """Refuse an unusable run directory before anything is built (one holding a run unless
+    ``resume``)."""
     if run_dir.root.exists() and not run_dir.root.is_dir():
         raise ConfigError(f"--run_dir {run_dir} is a file, not a directory")
     above = next(p for p in run_dir.root.absolute().parents if p.exists())
@@ -79,25 +81,25 @@ def _check_run_dir(config: TrainConfig) -> None:
             )
     if misplaced := misplaced_entry(run_dir):
         raise ConfigError(misplaced)
-    if run_dir.holds_run() and not config.run.resume:
+    if run_dir.holds_run() and not resume:
         raise ConfigError(
             f"run directory {run_dir} already holds a run; pass --resume to continue it or "
             "choose another --run_dir"
         )
 
 
-def _claim_run_dir(config: TrainConfig, lock: RunDirLock) -> None:
+def _claim_run_dir(run_dir: RunDir, resume: bool, lock: RunDirLock) -> None:
     """Lock the run directory for this job (rank 0, for the run's life: ``run_lock``) and check
     it again under the lock, where no other job can race the check; every rank learns rank 0's
     answer."""
     refusal = ""
-    if ranks.rank() == 0:
+    if distributed.rank() == 0:
         try:
-            lock.hold(RunDir.at(config.run.run_dir))
-            _check_run_dir(config)
+            lock.hold(run_dir)
+            _check_run_dir(run_dir, resume)
         except (ConfigError, OutputError) as exc:
             refusal = str(exc)
-    refusal = ranks.gather(refusal)[0]
+    refusal = distributed.gather(refusal)[0]
     if refusal:
         raise ConfigError(refusal)
 

@@ -87,7 +87,8 @@ from advpt.data.stream import stream_loader  # noqa: E402
 from advpt.errors import ConfigError, cannot_write  # noqa: E402
 from advpt.models import ENCODER_PRESETS, NOISER_PRESETS  # noqa: E402
 from advpt.models.encoder import check_max_length  # noqa: E402
-from advpt.training.build import build_trainer, init_distributed  # noqa: E402
+from advpt.training.build import build_trainer  # noqa: E402
+from advpt.training.distributed import init_distributed  # noqa: E402
 from advpt.training.engines import simple_ds_config  # noqa: E402
 from advpt.training.phases import PHASES  # noqa: E402
 from advpt.training.run_dir import write_atomically  # noqa: E402

@@ -65,7 +65,8 @@ from advpt.downstream.results import COLUMNS
 from advpt.downstream.suite import Inputs, context_free, encoder_subject, run_suite
 from advpt.errors import ConfigError, DataError
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
-from advpt.training.build import build_data, build_trainer, init_distributed, open_data
+from advpt.training.build import build_data, build_trainer, open_data
+from advpt.training.distributed import init_distributed
 from advpt.training.engines import simple_ds_config
 from advpt.training.objective import AdversarialObjective, masked_lm
 from advpt.training.schedule import random_only_steps
@@ -412,7 +413,7 @@ def train_job(
         "arm": arm, "seed": seed,
         "encoder_updates": trainer.counters.encoder_step,
         "noiser_updates": trainer.counters.noiser_step,
-        "warmup_steps": trainer.random_only_steps,
+        "warmup_steps": trainer.plan.random_only_steps,
         "equal_compute_step": equal_compute_step(trainer.config, cost),
         "seconds": trainer.counters.train_seconds,
         "load": os.getloadavg()[0],  # the machine's, over the run's last minute

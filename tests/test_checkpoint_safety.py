@@ -190,7 +190,7 @@ def test_a_checkpoint_from_before_the_batch_layout_counts_one_ranks_micro_batche
     manifest.write_text(json.dumps(content))
     schedule = ["--mode", "random", "--max_steps", "4", "--checkpoint_every", "1", "--resume"]
     trainer = build_tiny_trainer(tmp_path, *schedule, run_dir=run_dir)
-    assert trainer.restore() and trainer.counters.micro_batches == 6
+    assert trainer.resumed and trainer.counters.micro_batches == 6
     assert trainer.layout.describe(4).startswith("global batch 8 sequences")  # no change noted
 
 

@@ -228,8 +228,8 @@ def test_a_micro_step_of_each_phase_stays_on_the_device(device: str, case: str):
         with hot_loop(device):
             batch = moved(batch, device)
             spec = PHASES[phase]
-            backwards = [torch.Tensor.backward] * len(spec.trains)
-            out, draw = spec.objective(objective, noiser, encoder, batch, *backwards)
+            backward = dict.fromkeys(spec.trains, torch.Tensor.backward)
+            out, draw = spec.objective(objective, noiser, encoder, batch, backward)
             metrics.record(spec.label, out, draw, batch)
         # the MLM output's 4 and the counters; a draw adds its sample's 5, the entropy and,
         # for the importance estimator, the weights

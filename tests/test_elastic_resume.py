@@ -98,7 +98,7 @@ def _optimizer_state_resharded_onto_one_rank_equals_the_saved_one(tmp_path, run_
     saved = {key: _saved_full(run_dir / "checkpoints" / "encoder", tag, key, tmp_path) for key in
              ("fp32", "exp_avg", "exp_avg_sq")}  # fmt: skip
 
-    trainer = build_trainer(parse(TrainConfig, [*args, "--resume"]), torch.device("cpu"))
+    trainer = build_trainer(parse(TrainConfig, args), torch.device("cpu"))  # restored below
     adam = trainer.encoder.optimizer.optimizer
     fresh = [group["lr"] for group in adam.param_groups]  # the schedule's start
     assert trainer.restore()

@@ -84,12 +84,11 @@ def test_flags_reach_help_and_the_start_line(tmp_path, distributed):
 def test_resume_keeps_the_micro_batch_and_the_saved_global_batch(tmp_path, distributed):
     flags = ["--mode", "random", "--max_steps", "2", "--checkpoint_every", "1"]
     build_tiny_trainer(tmp_path, *flags, "--global_batch", "16").train()
-    other_micro = build_tiny_trainer(tmp_path, *flags, "--resume", "--micro_batch", "4")
     with pytest.raises(CheckpointError, match="resume it with --micro_batch 8 "):
-        other_micro.restore()
-    # no --global_batch: the checkpoint's 16, not the JSON's 8
+        build_tiny_trainer(tmp_path, *flags, "--resume", "--micro_batch", "4")
+    # no --global_batch: the checkpoint's 16, not the JSON's 8 (the engines were built with)
     resumed = build_tiny_trainer(tmp_path, *flags, "--resume")
-    assert resumed.encoder.train_batch_size() == 8 and resumed.restore()
+    assert resumed.encoder.train_batch_size() == 8 and resumed.resumed
     assert resumed.layout.global_batch() == 16
     described = resumed.layout.describe(2)
     assert "accumulation 1 -> 2" not in described

@@ -25,7 +25,7 @@ def test_entropy_bonus_adds_the_entropy_gradient_to_the_noiser_step(tmp_path, di
         trainer.noiser.optimizer.zero_grad()
         torch.manual_seed(0)
         trainer.objective.noiser_backward(
-            trainer.noiser, trainer.encoder.module, batch, trainer.noiser.backward
+            trainer.noiser, trainer.encoder.module, batch, {"noiser": trainer.noiser.backward}
         )
         return {n: p.grad.clone() for n, p in noiser.named_parameters()}
 
@@ -79,7 +79,7 @@ def test_random_only_warmup_masks_at_random_then_the_noiser_starts(tmp_path, dis
     kinds = torch.zeros(3)  # [MASK], kept, replaced at the noiser's share of the positions
     for number in range(12):
         batch = trainer.stream[number]
-        trainer.objective.random_backward(None, encoder, batch, lambda loss: None)
+        trainer.objective.random_backward(None, encoder, batch, {"encoder": lambda loss: None})
         tokens, ids, masked = seen[-1]
         assert int(masked.sum()) == batch.num_masked and bool((masked >= batch.random_masked).all())
         drawn = masked & ~batch.random_masked

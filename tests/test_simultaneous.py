@@ -30,7 +30,8 @@ def _accumulated_grads(trainer, phase: str, batches) -> list[dict[str, torch.Ten
     noiser, encoder = (e if e in engines else e.module for e in (trainer.noiser, trainer.encoder))
     for i, batch in enumerate(batches):
         torch.manual_seed(i)
-        spec.objective(trainer.objective, noiser, encoder, batch, *(e.backward for e in engines))
+        backward = {name: trainer.engines[name].backward for name in spec.trains}
+        spec.objective(trainer.objective, noiser, encoder, batch, backward)
         if i < len(batches) - 1:
             for engine in engines:
                 engine.step()  # not a boundary: only counts the micro-step

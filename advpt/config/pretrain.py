@@ -158,6 +158,12 @@ class ModelConfig(Section):
             (self.activation_checkpointing >= 0, "activation_checkpointing must be >= 0"),
         ]  # fmt: skip
 
+    def noiser_settings(self) -> dict[str, Any]:
+        """The settings that make the noiser (the fields named ``noiser*``), by flag: which
+        noiser a checkpoint holds (its identity)."""
+        fields = dataclasses.fields(self)
+        return {f.name: getattr(self, f.name) for f in fields if f.name.startswith("noiser")}
+
 
 @dataclass
 class MaskingConfig(Section):

@@ -1,20 +1,17 @@
-"""Everything a run is built from: the process group, the data, the models and their engines.
+"""Everything a run is built from: its plan, the data, the models and their engines.
 
-The entry points (``advpt.train``, the benchmark and study scripts) call :func:`init_distributed`
-and :func:`build_trainer`; nothing imports an entry point.
+The entry points (``advpt.train``, the benchmark and study scripts) join the process group
+(``advpt.training.distributed.init_distributed``) and call :func:`build_trainer`; nothing
+imports an entry point.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-from pathlib import Path
-from typing import Any
 
 import deepspeed
 import torch
 import torch.distributed as dist
-from deepspeed.accelerator import get_accelerator
 
 from advpt.config.pretrain import DataConfig, ModelConfig, TrainConfig
 from advpt.data.batching import LengthBucketedBatches
@@ -26,17 +23,16 @@ from advpt.data.prepared import ProteinDataset
 from advpt.data.sampling import sample, split
 from advpt.data.stream import MicroBatches, ValidationBatches
 from advpt.errors import CheckpointError, ConfigError
-from advpt.launch import check_meeting_point, discover, free_port, rendezvous_timeout
 from advpt.models import ENCODER_PRESETS, EncoderConfig, MaskedLanguageModel, build_noiser
 from advpt.models.encoder import check_max_length
 from advpt.tokenizer import Vocabulary
-from advpt.training import ranks
 from advpt.training.batch_layout import BatchLayout
 from advpt.training.checkpoint import model_identity
 from advpt.training.checkpointer import Checkpointer
 from advpt.training.compilation import compile_engine
 from advpt.training.consolidate import load_model
 from advpt.training.engines import build_engine, load_ds_config, read_ds_config
+from advpt.training.plan import RunPlan
 from advpt.training.preemption import StopSignals
 from advpt.training.run_dir import RunDir
 from advpt.training.schedule import noiser_lr_steps, random_only_steps
@@ -44,80 +40,15 @@ from advpt.training.trackers import check_available
 from advpt.training.trainer import Trainer
 
 
-def _unlink_shared_buffer() -> None:
-    """Remove the name of this rank's DeepSpeed shared-memory all-reduce buffer.
-
-    On the CPU, when every rank is on one machine (the launcher sets ``LOCAL_SIZE``), DeepSpeed
-    maps a 69 MB buffer per rank from ``/dev/shm`` (``deepspeed_allreduce_buffer_<uid>_<addr>
-    _<port>_<rank>``) and never removes it: every launcher run would leave that much memory
-    behind for good (a few hundred test runs on free ports filled 20 GB). Once all ranks have
-    opened each other's buffers (they have when ``init_distributed`` returns; the barrier waits
-    for the last), the names are not needed: each rank removes its own, and the memory goes
-    when the last process mapping it ends, however the run ends.
-    """
-    if os.environ.get("LOCAL_SIZE") != str(dist.get_world_size()):
-        return  # DeepSpeed made no buffer
-    dist.barrier()
-    env = os.environ
-    name = f"deepspeed_allreduce_buffer_{os.getuid()}_{env.get('MASTER_ADDR', '')}_"
-    name += f"{env.get('MASTER_PORT', '')}_{dist.get_rank()}"
-    (Path("/dev/shm") / name).unlink(missing_ok=True)
-
-
-def init_distributed() -> torch.device:
-    """Join the process group of the launcher that started this process (the deepspeed
-    launcher, torchrun, srun or mpirun: :mod:`advpt.launch`), or make a group of one
-    without one; rank 0 says which it found.
-
-    A port already taken surfaces here, in torch's TCPStore on rank 0 (EADDRINUSE): it becomes
-    one sentence naming the launcher's ``--master_port`` (or ``MASTER_PORT``).
-    """
-    launch = discover(os.environ)
-    check_meeting_point(launch, rendezvous_timeout(os.environ))
-    os.environ.update(launch.environ())
-    accelerator = get_accelerator()
-    backend = (
-        "gloo" if accelerator.device_name() == "cpu" else accelerator.communication_backend_name()
-    )
-    try:
-        deepspeed.init_distributed(dist_backend=backend)
-    except dist.DistNetworkError as exc:
-        if "EADDRINUSE" not in str(exc):
-            raise
-        raise ConfigError(
-            f"port {launch.master_port} of {launch.master_addr} is already in use (by another "
-            f"run?): {launch.port_advice(free_port())}"
-        ) from None
-    if launch.rank == 0:
-        print(f"[advpt] {launch.describe()}", flush=True)
-    if accelerator.device_name() == "cpu":
-        _unlink_shared_buffer()
-        return torch.device("cpu")
-    # A task that sees fewer devices than its local rank (srun --gpus-per-task gives each one
-    # its own) fails alike on every rank, which agree so that rank 0 says it.
-    seen = ranks.gather((launch.local_rank, accelerator.device_count()))
-    short = [
-        (rank, local, visible) for rank, (local, visible) in enumerate(seen) if local >= visible
-    ]
-    if short:
-        rank, local, visible = short[0]
-        raise ConfigError(
-            f"rank {rank} ({launch.launcher}) has local rank {local} but sees {visible} "
-            f"{accelerator.device_name()} device(s): every task of a node must see all of the "
-            "node's GPUs (srun --gres=gpu:N or --gpus-per-node=N, not --gpus-per-task)"
-        )
-    accelerator.set_device(launch.local_rank)
-    return torch.device(accelerator.device_name(launch.local_rank))
-
-
 def build_trainer(
     config: TrainConfig, device: torch.device, stop_signals: StopSignals | None = None
 ) -> Trainer:
-    """Data, models and engines for ``config`` (validated: it may have been built in code), with
-    the batch layout resolved on this process group."""
+    """Data, models and engines for ``config`` (validated: it may have been built in code), and
+    the run's plan (``advpt.training.plan``), resolved on this process group and, with
+    ``--resume``, from the newest usable checkpoint, which is restored."""
     config.validate()
     check_available(config.run.trackers)
-    run_dir, s = RunDir.at(config.run.run_dir), config.optim
+    run_dir, s, m = RunDir.at(config.run.run_dir), config.optim, config.method
     jsons = {"encoder": read_ds_config(config.deepspeed_config, "encoder")}
     if config.adversarial:
         jsons["noiser"] = read_ds_config(config.noiser_deepspeed_config, "noiser")
@@ -135,24 +66,31 @@ def build_trainer(
     encoder_cfg = encoder_config(config.model, source)
     encoder_name = config.model.encoder or config.model.init_from or DEFAULT_ENCODER
     check_max_length(encoder_cfg, config.dataset.max_length, encoder_name)
+    noiser_lrs, warmup = None, 0
+    if config.adversarial:
+        warmup = random_only_steps(s.max_steps, m.noiser_start_at)
+        noiser_lrs = noiser_lr_steps(
+            s.max_steps - warmup, s.warmup_steps, m.noiser_steps, m.encoder_steps,
+            s.noiser_warmup_steps, config.simultaneous, m.joint_every,
+        )  # fmt: skip
+    noiser = config.model.noiser_settings() if config.adversarial else None
+    plan = RunPlan(
+        run_dir, layout, deepspeed_configs, warmup, noiser_lrs,
+        model_identity(encoder_cfg, noiser), config.training_settings(),
+    )  # fmt: skip
     stream, validation = build_data(
         config, layout.micro_batch, dist.get_rank(), layout.ranks, encoder_cfg.vocabulary
     )
-    engines = build_engines(config, deepspeed_configs, encoder_cfg, source)
-    m = config.model
-    noiser = dict(noiser=m.noiser, noiser_arch=m.noiser_arch,
-                  noiser_bidirectional=m.noiser_bidirectional,
-                  noiser_context_only=m.noiser_context_only)  # fmt: skip
-    identity = model_identity(encoder_cfg, noiser if config.adversarial else None)
+    engines = build_engines(config, plan, encoder_cfg, source)
     checkpointer = Checkpointer(
-        run_dir, engines, identity, config.run.checkpoint_every, config.run.keep_checkpoints,
-        config.training_settings(), global_batch_given=config.global_batch is not None,
+        plan, engines, config.run.checkpoint_every, config.run.keep_checkpoints,
+        global_batch_given=config.global_batch is not None,
         allow_changes=config.run.allow_setting_changes,
     )  # fmt: skip
-    return Trainer(
-        config, engines, deepspeed_configs, layout, checkpointer, stream, validation, device,
-        stop_signals,
-    )  # fmt: skip
+    trainer = Trainer(config, plan, engines, checkpointer, stream, validation, device, stop_signals)
+    if config.run.resume:
+        trainer.restore()
+    return trainer
 
 
 def open_data(d: DataConfig) -> tuple[ProteinDataset, ClusterIndex | None]:
@@ -193,36 +131,29 @@ def build_data(
 
 def build_engines(
     config: TrainConfig,
-    deepspeed_configs: dict[str, dict[str, Any]],
+    plan: RunPlan,
     encoder_cfg: EncoderConfig,
     source: MaskedLanguageModel | None = None,
 ) -> dict[str, deepspeed.DeepSpeedEngine]:
     """The encoder's engine (``encoder_cfg``, holding ``source``'s weights when given) and, in
-    adversarial runs, the noiser's, seeded by ``config``, from their ``deepspeed_configs``;
-    compiled with ``--compile``."""
+    adversarial runs, the noiser's, seeded by ``config``, from the DeepSpeed configs and
+    learning-rate schedules of ``plan``; compiled with ``--compile``."""
     torch.manual_seed(config.run.seed)
-    s, method = config.optim, config.method
+    s, configs = config.optim, plan.deepspeed_configs
     model = MaskedLanguageModel(encoder_cfg)
     if source is not None:
         model.load_state_dict(source.state_dict())
-    engines = {
-        "encoder": build_engine(
-            model, deepspeed_configs["encoder"], s.warmup_steps, s.max_steps, s.min_lr_ratio
-        )
-    }
-    if config.adversarial:
+    encoder = build_engine(model, configs["encoder"], s.warmup_steps, s.max_steps, s.min_lr_ratio)
+    engines = {"encoder": encoder}
+    if plan.noiser_lr_steps is not None:
         m = config.model
-        played = s.max_steps - random_only_steps(s.max_steps, method.noiser_start_at)
-        warmup, total = noiser_lr_steps(
-            played, s.warmup_steps, method.noiser_steps, method.encoder_steps,
-            s.noiser_warmup_steps, config.simultaneous, method.joint_every,
-        )  # fmt: skip
+        warmup, total = plan.noiser_lr_steps
         noiser_model = build_noiser(
             m.noiser_arch, m.noiser, encoder_cfg.vocabulary, m.noiser_bidirectional,
             m.noiser_context_only,
         )  # fmt: skip
         engines["noiser"] = build_engine(
-            noiser_model, deepspeed_configs["noiser"], warmup, total, s.min_lr_ratio
+            noiser_model, configs["noiser"], warmup, total, s.min_lr_ratio
         )
     if config.model.compile:
         compile_engine(engines["encoder"], config.deepspeed_config)

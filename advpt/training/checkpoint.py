@@ -54,7 +54,7 @@ from deepspeed.utils.tensor_fragment import fragment_address
 from advpt.errors import CheckpointError, first_line, shorten
 from advpt.models.encoder import ENCODER_PRESETS, EncoderConfig
 from advpt.safe_load import load_weights_only, read_json
-from advpt.training import ranks
+from advpt.training import distributed
 from advpt.training.reshard import (
     check_reshardable,
     load_partitioned_optimizer,
@@ -179,11 +179,11 @@ def _remove(root: Path, tag: str) -> None:
 def _agree(root: Path, tag: str, failure: _Failure | None, previous: str | None) -> None:
     """Raise the same ``CheckpointError`` on every rank if any rank's step of the save failed,
     after rank 0 has removed the partial checkpoint (a collective)."""
-    if not ranks.max_over_ranks(failure is not None):
+    if not distributed.max_over_ranks(failure is not None):
         return
-    texts = ranks.gather(failure and failure.text)
+    texts = distributed.gather(failure and failure.text)
     rank, reason = next((r, text) for r, text in enumerate(texts) if text is not None)
-    if ranks.rank() == 0:
+    if distributed.rank() == 0:
         _remove(root, tag)
     where = f" on rank {rank}" if len(texts) > 1 else ""
     kept = f"still names {previous}" if previous else "was not written"
@@ -202,7 +202,7 @@ def _write_manifest(root: Path, tag: str, architecture: dict[str, Any], engines:
         if file.is_file()
     }
     manifest = {
-        "world_size": ranks.world_size(),
+        "world_size": distributed.world_size(),
         "architecture": architecture,
         "shapes": _shapes(engines),
         "files": files,
@@ -225,7 +225,7 @@ def save_checkpoint(
     """
     if keep < 1:
         raise ValueError(f"keep must be at least 1, got {keep}")
-    rank = ranks.rank()
+    rank = distributed.rank()
     previous = latest_tag(root)
     if tag == previous:  # tags count steps: that checkpoint holds this very state
         return
@@ -401,7 +401,7 @@ def _check_sizes(root: Path, manifest: dict[str, Any]) -> list[str]:
 def _check_files(root: Path, tag: str, manifest: dict[str, Any]) -> None:
     """Every file present at its recorded size; this rank's share of them loadable."""
     files = _check_sizes(root, manifest)
-    share = [root / name for name in files[ranks.rank() :: ranks.world_size()]]
+    share = [root / name for name in files[distributed.rank() :: distributed.world_size()]]
     for path in share:
         if path.suffix == ".pt":
             try:
@@ -416,7 +416,9 @@ def _check_files(root: Path, tag: str, manifest: dict[str, Any]) -> None:
 def _rng_file(root: Path, tag: str, manifest: dict[str, Any]) -> Path:
     """This rank's RNG state, or on another number of ranks that of rank ``rank % saved``."""
     saved = manifest.get("world_size")
-    rank = ranks.rank() % saved if isinstance(saved, int) and saved > 0 else ranks.rank()
+    rank = (
+        distributed.rank() % saved if isinstance(saved, int) and saved > 0 else distributed.rank()
+    )
     return root / RNG / tag / f"rank{rank}.pt"
 
 
@@ -468,7 +470,7 @@ def resume_tag(root: Path, engines: Engines, architecture: dict[str, Any]) -> st
             damage = None
         except _Damaged as err:
             damage = str(err)
-        damages = ranks.gather(damage)
+        damages = distributed.gather(damage)
         damage = next((d for d in damages if d is not None), None)
         if damage is None:
             if passed_over or problem:
@@ -483,7 +485,7 @@ def resume_tag(root: Path, engines: Engines, architecture: dict[str, Any]) -> st
 
 def _warn_fallback(root: Path, tag: str, problem: str | None, passed_over: list[str]) -> None:
     """Tell which checkpoint was passed over and why; ``latest`` names the one resumed."""
-    if ranks.rank() == 0:
+    if distributed.rank() == 0:
         reasons = "; ".join(([problem] if problem else []) + passed_over)
         logger.warning(
             "warning: the newest checkpoint in %s cannot be resumed (%s); resuming from %s, the "
@@ -510,7 +512,7 @@ def load_checkpoint(root: Path, tag: str, engines: Engines) -> dict[str, Any]:
     manifest = _read_manifest(root, tag)
     saved_world = int(manifest["world_size"])
     reshard = {
-        name: saved_world != ranks.world_size() and partitioned(root / name / tag)
+        name: saved_world != distributed.world_size() and partitioned(root / name / tag)
         for name in engines
     }
     for name, engine in engines.items():

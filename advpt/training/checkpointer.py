@@ -20,35 +20,34 @@ from advpt.errors import CheckpointError
 from advpt.training import checkpoint
 from advpt.training.batch_layout import BatchLayout
 from advpt.training.counters import Counters
-from advpt.training.run_dir import RunDir
+from advpt.training.plan import RunPlan
 from advpt.training.schedule import Schedule
 
 SettingChange = dict[str, Any]  # {"step", "encoder_step", "changed": {flag: [before, after]}}
 
 
 class Checkpointer:
-    """Saves every ``every`` encoder steps (and at the end) under ``run_dir``'s checkpoints,
-    keeping the ``keep`` newest. ``global_batch_given``: --global_batch replaces the global
-    batch of a resumed checkpoint. ``settings``: how the run trains (by flag), which a resume
-    may change only with ``allow_changes``; ``changes`` is then their history."""
+    """Saves every ``every`` encoder steps (and at the end) under the checkpoints of ``plan``'s
+    run directory, keeping the ``keep`` newest, recording the plan's model identity and
+    training settings. ``global_batch_given``: --global_batch replaces the global batch of a
+    resumed checkpoint. A resume may change the settings only with ``allow_changes``;
+    ``changes`` is then their history."""
 
     def __init__(
         self,
-        run_dir: RunDir,
+        plan: RunPlan,
         engines: checkpoint.Engines,
-        identity: dict[str, Any],
         every: int,
         keep: int,
-        settings: dict[str, Any],
         global_batch_given: bool = False,
         allow_changes: bool = False,
     ):
-        self.root = run_dir.checkpoints
+        self.root = plan.run_dir.checkpoints
         self.engines = engines
-        self.identity = identity
+        self.identity = plan.identity
+        self.settings = plan.settings
         self.every = every
         self.keep = keep
-        self.settings = settings
         self.global_batch_given = global_batch_given
         self.allow_changes = allow_changes
         self.changes: list[SettingChange] = []

@@ -17,14 +17,15 @@ Models are passed in as callables: the trainer passes DeepSpeed engines where an
 forward and backward must be used, and ``engine.module`` where they must not (the frozen encoder
 in the noiser phase: since deepspeed 0.18.3 an engine hooks its outputs, and a backward through
 them driven by the *other* engine breaks or silently rescales). Each ``*_backward`` runs the
-phase's forward and hands the tensor to differentiate to the given ``backward``; all four take
-``(noiser, encoder, batch, *backward)`` and return the output and the noiser's draw (None where
-the noiser does not draw), so that ``advpt.training.phases`` can table them.
+phase's forward and hands the tensor to differentiate to the ``backward`` of the engine it
+trains, by name (``backward["noiser"]``); all four take ``(noiser, encoder, batch, backward)``
+and return the output and the noiser's draw (None where the noiser does not draw), so that
+``advpt.training.phases`` can table them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,7 @@ from advpt.tokenizer import Vocabulary
 from advpt.training.reversal import EngineBridge
 
 Backward = Callable[[torch.Tensor], Any]
+Backwards = Mapping[str, Backward]  # the backward of each engine a phase trains, by its name
 
 
 @dataclass
@@ -159,7 +161,7 @@ class AdversarialObjective:
 
     def noiser_backward(
         self, noiser: Callable[..., torch.Tensor], encoder: nn.Module, batch: Batch,
-        backward: Backward,
+        backward: Backwards,
     ) -> tuple[MLMOutput, Draw]:  # fmt: skip
         """Gradients that maximise the MLM loss w.r.t. the noiser; ``encoder`` stays frozen.
 
@@ -174,7 +176,7 @@ class AdversarialObjective:
             masked = batch.random_masked | draw.sample.positions
             weight = self.loss_weight(draw, straight_through=True)
             out = masked_lm(encoder, batch, draw.sample.one_hot, masked, weight)
-            backward(-(out.loss + self.entropy_bonus(draw)))
+            backward["noiser"](-(out.loss + self.entropy_bonus(draw)))
         finally:
             for p in params:
                 p.requires_grad_(True)
@@ -182,7 +184,7 @@ class AdversarialObjective:
 
     def encoder_backward(
         self, noiser: Callable[..., torch.Tensor] | None, encoder: Callable[..., MLMOutput],
-        batch: Batch, backward: Backward,
+        batch: Batch, backward: Backwards,
     ) -> tuple[MLMOutput, Draw | None]:  # fmt: skip
         """Gradients that minimise the MLM loss w.r.t. the encoder; the noiser only samples.
 
@@ -190,19 +192,19 @@ class AdversarialObjective:
         """
         if noiser is None:
             out = masked_lm(encoder, batch, batch.inputs, batch.random_masked)
-            backward(out.loss)
+            backward["encoder"](out.loss)
             return out, None
         with torch.no_grad():
             draw = self.draw(self.score(noiser, batch), batch)
         masked = batch.random_masked | draw.sample.positions
         weight = self.loss_weight(draw, straight_through=False)
         out = masked_lm(encoder, batch, draw.sample.ids, masked, weight)
-        backward(out.loss)
+        backward["encoder"](out.loss)
         return out, draw
 
     def random_backward(
         self, noiser: Callable[..., torch.Tensor] | None, encoder: Callable[..., MLMOutput],
-        batch: Batch, backward: Backward,
+        batch: Batch, backward: Backwards,
     ) -> tuple[MLMOutput, None]:  # fmt: skip
         """Gradients that minimise the MLM loss under random masking alone (warm-up).
 
@@ -216,12 +218,12 @@ class AdversarialObjective:
             uniform = batch.ids.new_zeros(shape, dtype=torch.float32)
             sample = self._corrupt(with_random_options(uniform, self.vocab), batch)
         out = masked_lm(encoder, batch, sample.ids, batch.random_masked | sample.positions)
-        backward(out.loss)
+        backward["encoder"](out.loss)
         return out, None
 
     def joint_backward(
         self, noiser: Callable[..., torch.Tensor], encoder: Callable[..., MLMOutput],
-        batch: Batch, encoder_backward: Backward, noiser_backward: Backward,
+        batch: Batch, backward: Backwards,
     ) -> tuple[MLMOutput, Draw]:  # fmt: skip
         """One forward and backward: encoder gradients of the loss, noiser gradients reversed.
 
@@ -235,7 +237,7 @@ class AdversarialObjective:
         masked = batch.random_masked | draw.sample.positions
         out = masked_lm(encoder, batch, one_hot, masked, weight)
         bridge.watch(out.loss)
-        encoder_backward(out.loss)
+        backward["encoder"](out.loss)
         objective = bridge.noiser_objective(self.reversal_scale)
-        noiser_backward(objective - self.entropy_bonus(draw))
+        backward["noiser"](objective - self.entropy_bonus(draw))
         return out, draw

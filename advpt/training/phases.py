@@ -22,10 +22,10 @@ class Phase:
     """One row of ``PHASES``.
 
     Attributes:
-        trains: the engines the phase backpropagates through and steps, in that order; their
-            ``backward`` methods are handed to ``objective`` in the same order.
+        trains: the engines the phase backpropagates through and steps; their ``backward``
+            methods are handed to ``objective`` by engine name.
         objective: the ``AdversarialObjective`` method that runs the phase's forward and
-            backward: ``(objective, noiser, encoder, batch, *backward) -> (out, draw)``.
+            backward: ``(objective, noiser, encoder, batch, backward) -> (out, draw)``.
         label: the metrics it is recorded under (``MetricsAccumulator.record``).
     """
 

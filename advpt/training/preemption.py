@@ -8,7 +8,7 @@ run exits with ``advpt.errors.EXIT_STOPPED``, so ``--resume`` continues exactly 
 step in progress is redone, never lost.
 
 The signal may reach only one rank (a node's share of a job, or a signal sent by hand), so the
-ranks agree through a one-integer all-reduce on the host (``advpt.training.ranks``): one small
+ranks agree through a one-integer all-reduce on the host (``advpt.training.distributed``): one small
 message round per optimizer step, not per micro-step, which waits for no device work. The other
 per-step host sync DeepSpeed already makes (its overflow check) costs more.
 
@@ -41,7 +41,7 @@ from typing import Any
 import psutil
 
 from advpt.errors import ConfigError, shorten
-from advpt.training import ranks
+from advpt.training import distributed
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 WALL_CLOCK = "the job's wall-clock limit"
@@ -74,8 +74,8 @@ class StopSignals:
         ``out_of_time`` (the other ranks' ``out_of_time`` is ignored: one clock decides), or
         None; every rank gets the same answer. A collective: every rank calls it at the same
         step boundaries."""
-        value = max(self.received, _OUT_OF_TIME if out_of_time and ranks.rank() == 0 else 0)
-        value = ranks.max_over_ranks(value)
+        value = max(self.received, _OUT_OF_TIME if out_of_time and distributed.rank() == 0 else 0)
+        value = distributed.max_over_ranks(value)
         if value == _OUT_OF_TIME:
             return WALL_CLOCK
         return signal.Signals(value).name if value else None

@@ -42,7 +42,7 @@ from advpt.data.collate import Batch
 from advpt.data.stream import MicroBatches, ValidationBatches, stream_loader
 from advpt.errors import NonFiniteError
 from advpt.models.encoder import MLMOutput
-from advpt.training import ranks
+from advpt.training import distributed
 from advpt.training.batch_layout import BatchLayout
 from advpt.training.checkpointer import Checkpointer
 from advpt.training.compilation import describe_compile_time
@@ -50,10 +50,11 @@ from advpt.training.counters import Counters
 from advpt.training.monitor import EngineMetrics, MetricsAccumulator, MetricsWriter, check_collapse
 from advpt.training.objective import AdversarialObjective
 from advpt.training.phases import PHASES
+from advpt.training.plan import RunPlan
 from advpt.training.preemption import StopSignals, WallClock, ignore_in_worker, job_deadline
 from advpt.training.progress import Progress
 from advpt.training.run_dir import RunDir, write_config
-from advpt.training.schedule import JOINT, RANDOM, make_schedule, random_only_steps
+from advpt.training.schedule import JOINT, RANDOM, make_schedule
 from advpt.training.validation import validate
 
 
@@ -61,9 +62,8 @@ class Trainer:
     def __init__(
         self,
         config: TrainConfig,
+        plan: RunPlan,
         engines: dict[str, deepspeed.DeepSpeedEngine],
-        deepspeed_configs: dict[str, dict[str, Any]],
-        layout: BatchLayout,
         checkpointer: Checkpointer,
         train_stream: MicroBatches,
         validation: ValidationBatches,
@@ -71,27 +71,25 @@ class Trainer:
         stop_signals: StopSignals | None = None,
     ):
         """``engines`` (the encoder's, and in adversarial runs the noiser's) were built from
-        ``deepspeed_configs`` (by engine) with the batch of ``layout``."""
-        self.config, self.engines, self.deepspeed_configs = config, engines, deepspeed_configs
+        ``plan``'s DeepSpeed configs, before any resume (:meth:`restore`)."""
+        self.config, self.plan, self.engines = config, plan, engines
         self.encoder, self.noiser = engines["encoder"], engines.get("noiser")
-        self.layout = layout
-        self._told = (layout, False)  # the layout the engines have, and whether it is grown
+        # the batch the engines were last told (_tell_batch): its layout, and whether grown
+        self._told_layout, self._told_grown = plan.layout, False
         self.checkpointer = checkpointer
         self.stream, self.validation, self.device = train_stream, validation, device
-        self.run_dir = RunDir.at(config.run.run_dir)
-        m, adversarial = config.method, config.adversarial
+        m = config.method
         self.schedule = make_schedule(
-            config.simultaneous, m.noiser_steps, m.encoder_steps, adversarial, m.joint_every
+            config.simultaneous, m.noiser_steps, m.encoder_steps, config.adversarial, m.joint_every
         )
-        warmup = random_only_steps(config.optim.max_steps, m.noiser_start_at)
-        self.random_only_steps = warmup if adversarial else 0
         self.counters = Counters()
-        self.is_main = ranks.rank() == 0
+        self.resumed = False  # whether a checkpoint was restored (restore)
+        self.is_main = distributed.rank() == 0
         self.vocab = self.encoder.module.encoder.cfg.vocabulary  # the encoder's ids, all along
         self.objective = AdversarialObjective(
             config.masking, config.importance, config.method.reversal_scale, self.vocab
         )
-        self.metrics = MetricsAccumulator(device, self.vocab)
+        self.metrics = MetricsAccumulator(device, self.vocab)  # since the last logged step
         self._last_phase = self.phase
         self._skipped_in_a_row = {name: 0 for name in self.engines}
         self.engine_metrics = EngineMetrics()
@@ -101,20 +99,18 @@ class Trainer:
         self.stopped_by: str | None = None  # the signal (or WALL_CLOCK) that stopped the run
         parameters = sum(p.numel() for e in self.engines.values() for p in e.module.parameters())
         self.wall_clock = WallClock(job_deadline(config.run.max_seconds), parameters)
-        self._clock = time.perf_counter()
+        self._clock = 0.0  # when training time last started counting (train, _off_the_clock)
 
     def train(self) -> dict[str, Any]:
         """Run until ``max_steps`` encoder steps (or ``stop_after_steps`` in this process), or
         until a stop signal (then ``stopped_by`` names it)."""
         cfg = self.config
-        resumed = cfg.run.resume and self.restore()
-        if self.is_main:  # after restore: a refused resume leaves the run's own config
-            resolved = {name: {**ds, **self.layout.deepspeed_settings(name)}
-                        for name, ds in self.deepspeed_configs.items()}  # fmt: skip
-            write_config(self.run_dir, cfg.to_dict(), resolved, self.checkpointer.changes)
+        if self.is_main:  # after the resume: a refused one left the run's own config
+            settings, changes = cfg.to_dict(), self.checkpointer.changes
+            write_config(self.run_dir, settings, self.plan.deepspeed_configs, changes)
         writer = MetricsWriter(
             self.run_dir, self.is_main,
-            (self.counters.step, self.counters.encoder_step) if resumed else None,
+            (self.counters.step, self.counters.encoder_step) if self.resumed else None,
             cfg.run.trackers, cfg.run.project, self.config.to_dict(),
         )  # fmt: skip
         start = self.counters.micro_batches
@@ -130,7 +126,6 @@ class Trainer:
         if limit := self.wall_clock.describe():
             progress.note(limit)
         last: dict[str, Any] = {}
-        self.metrics = MetricsAccumulator(self.device, self.vocab)
         self._clock = time.perf_counter()
         compiling = cfg.model.compile  # the first step compiles: say how long that took
         try:
@@ -198,16 +193,24 @@ class Trainer:
     # ----------------------------------------------------------------- one optimizer step
 
     @property
+    def layout(self) -> BatchLayout:
+        return self.plan.layout
+
+    @property
+    def run_dir(self) -> RunDir:
+        return self.plan.run_dir
+
+    @property
     def phase(self) -> str:
         """The schedule's phase, or RANDOM in the random-only warm-up before the noiser starts."""
-        if self.counters.encoder_step < self.random_only_steps:
+        if self.counters.encoder_step < self.plan.random_only_steps:
             return RANDOM
         return self.schedule.phase
 
     def steps_until(self, encoder_steps: int) -> int:
         """Optimizer steps from the start through encoder step ``encoder_steps``: those of the
         random-only warm-up, then the schedule's."""
-        warmup = min(encoder_steps, self.random_only_steps)
+        warmup = min(encoder_steps, self.plan.random_only_steps)
         return warmup + self.schedule.steps_until(encoder_steps - warmup)
 
     def optimizer_step(self, data: Iterator[Batch]) -> str:
@@ -224,7 +227,7 @@ class Trainer:
         phase = self.phase
         trained = {name: self.engines[name] for name in PHASES[phase].trains}
         log = (self.counters.step + 1) % self.config.run.log_every == 0
-        window = self.layout.accumulation_steps(next(iter(trained)), self._told[1])
+        window = self.layout.accumulation_steps(next(iter(trained)), self._told_grown)
         for micro in range(window):
             for engine in trained.values():
                 engine.set_gradient_accumulation_boundary(micro == window - 1)
@@ -248,9 +251,9 @@ class Trainer:
         spec = PHASES[phase]
         trained = {name: self.engines[name] for name in spec.trains}
         models = {name: trained.get(name, e.module) for name, e in self.engines.items()}
-        backwards = [engine.backward for engine in trained.values()]
+        backward = {name: engine.backward for name, engine in trained.items()}
         out, draw = spec.objective(
-            self.objective, models.get("noiser"), models["encoder"], batch, *backwards
+            self.objective, models.get("noiser"), models["encoder"], batch, backward
         )
         for name, engine in trained.items():
             self.engine_metrics.step(name, engine, log)
@@ -260,11 +263,11 @@ class Trainer:
     def _tell_batch(self) -> None:
         """Tell the engines the batch of the coming step: the layout's, grown from its step on
         (DeepSpeed scales each micro-step's gradient by the accumulation)."""
-        told = (self.layout, self.layout.grown(self.counters.encoder_step))
-        if told != self._told:
+        grown = self.layout.grown(self.counters.encoder_step)
+        if (self.layout, grown) != (self._told_layout, self._told_grown):
             for name, engine in self.engines.items():
-                engine.set_train_batch_size(self.layout.global_batch(name, told[1]))
-            self._told = told
+                engine.set_train_batch_size(self.layout.global_batch(name, grown))
+            self._told_layout, self._told_grown = self.layout, grown
 
     def _check_step_applied(self, name: str, engine: deepspeed.DeepSpeedEngine) -> None:
         """Count non-finite (skipped) steps in a row; too many save and stop. A skipped step
@@ -293,7 +296,7 @@ class Trainer:
             **self.metrics.summarize(),
         }
         for name, engine in self.engines.items():
-            batch = self.layout.global_batch(name, self._told[1])
+            batch = self.layout.global_batch(name, self._told_grown)
             record.update(self.engine_metrics.record(name, engine, batch))
         self._collapsed = check_collapse(
             record, self.config.masking.collapse_entropy_threshold, self.is_main, self._collapsed
@@ -313,7 +316,11 @@ class Trainer:
         self.checkpointer.save(self.counters, self.schedule, self.layout)
 
     def restore(self) -> bool:
-        """Resume the newest usable checkpoint if there is one; True if something was loaded."""
-        layout = self.checkpointer.restore(self.counters, self.schedule, self.layout)
-        self.layout = layout or self.layout
-        return layout is not None
+        """Resume the newest usable checkpoint, if there is one (``build_trainer`` does on
+        ``--resume``): its state into the engines, counters and schedule, and its batch into the
+        plan, which the engines are told at the next step. True if something was loaded."""
+        layout = self.checkpointer.restore(self.counters, self.schedule, self.plan.layout)
+        if layout is not None:
+            self.plan = self.plan.resumed(layout)
+            self.resumed = True
+        return self.resumed
