@@ -1,9 +1,10 @@
 """The two DeepSpeed engines: the encoder's (from --deepspeed_config) and the noiser's.
 
-Each model has its own engine, JSON config, optimizer and checkpoint directory. Facts this file
-relies on (checked on deepspeed 0.19.8): the encoder engine is built with ``args`` carrying its
-config and the noiser's with ``config=`` and no ``args`` (both at once asserts); a parameter
-frozen at initialize is excluded for good under ZeRO-3, so everything starts trainable.
+Each model has its own engine, JSON config, optimizer and checkpoint directory. Both engines are
+built alike, from the resolved config as a dict (``config=``) and no ``args`` (DeepSpeed asserts
+when given a config both ways). A fact this file relies on (checked on deepspeed 0.19.8): a
+parameter frozen at initialize is excluded for good under ZeRO-3, so everything starts
+trainable.
 """
 
 from __future__ import annotations

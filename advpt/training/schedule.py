@@ -73,7 +73,7 @@ class SimultaneousSchedule:
     """Joint steps: one forward and backward updates noiser and encoder.
 
     Beyond the paper: the noiser gets the encoder's gradient reversed, so no phase is spent on
-    the noiser alone (``advpt.masking.reversal``). With ``joint_every = k`` only every k-th step
+    the noiser alone (``advpt.training.reversal``). With ``joint_every = k`` only every k-th step
     is joint; the steps between are encoder steps (the noiser samples under ``no_grad``), so the
     noiser's update, the backward through the encoder to its inputs, is paid once in k steps.
     """
