@@ -57,16 +57,16 @@ from advpt.tasks import (  # noqa: E402
     score,
     task_spec,
 )
-from advpt.training.batch_layout import BatchLayout  # noqa: E402
-from advpt.training.consolidate import load_encoder  # noqa: E402
+from advpt.training.checkpoints.consolidate import load_encoder  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
-from advpt.training.engines import (  # noqa: E402
+from advpt.training.engines.batch_layout import BatchLayout  # noqa: E402
+from advpt.training.engines.engine import (  # noqa: E402
     build_engine,
     current_lr,
     load_ds_config,
     read_ds_config,
 )
-from advpt.training.monitor import MetricsWriter  # noqa: E402
+from advpt.training.reporting.monitor import MetricsWriter  # noqa: E402
 from advpt.training.run_dir import RunDir, write_config  # noqa: E402
 
 FINETUNE = "finetune"  # the role of the model's DeepSpeed JSON and engine

@@ -4,7 +4,7 @@
     python -m advpt.report RUN_A RUN_B --out DIR   # table, and DIR/comparison.{png,md}
 
 The plots need matplotlib (``pip install advpt[plots]``); without it the numbers still print.
-The logic lives in ``advpt.training.summary``.
+The logic lives in ``advpt.training.reporting.summary``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 
 from advpt.command import DEBUG_HELP, command
 from advpt.errors import ReportError
-from advpt.training.summary import COMPARISON, compare_runs, report_run
+from advpt.training.reporting.summary import COMPARISON, compare_runs, report_run
 
 
 @command

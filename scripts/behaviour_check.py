@@ -19,8 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from advpt.training.engines import simple_ds_config
-from advpt.training.monitor import WALL_CLOCK_KEYS
+from advpt.training.engines.engine import simple_ds_config
+from advpt.training.reporting.monitor import WALL_CLOCK_KEYS
 from advpt.training.run_dir import RunDir
 from advpt.variants import VARIANTS
 

@@ -44,7 +44,7 @@ from advpt.data.bundled import BUNDLED_PROTEOME
 from advpt.data.cache import locate
 from advpt.data.prepare import prepare
 from advpt.data.prepared import ProteinDataset
-from advpt.training.engines import simple_ds_config
+from advpt.training.engines.engine import simple_ds_config
 from advpt.training.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ turns: each round times ``--steps`` steps of one, then of the other, so that loa
 processes hits both alike; the reported time is the median over ``--rounds`` rounds.
 ``--dtype bf16`` runs both under ``torch.autocast``. ``--compile`` adds a compiled copy of each
 model, compiled the same way (the forward, as ``advpt --compile`` compiles it: inductor, dynamic
-shapes, one graph; ``advpt.training.compilation``): four rows, the eager two kept. Compiled
+shapes, one graph; ``advpt.training.engines.compilation``): four rows, the eager two kept. Compiled
 models take one more untimed step, which compiles. The device is CUDA when available
 (``--device`` overrides), unchanged code.
 
@@ -45,7 +45,7 @@ from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.hf_esm import hf_config, hf_state
 from advpt.models.tape import save_tape
 from advpt.tokenizer import Vocabulary
-from advpt.training.compilation import compile_forward, compile_seconds
+from advpt.training.engines.compilation import compile_forward, compile_seconds
 
 STANDARD = "ACDEFGHIKLMNPQRSTVWY"  # residues of the random sequences
 

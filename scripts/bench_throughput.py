@@ -89,7 +89,7 @@ from advpt.models import ENCODER_PRESETS, NOISER_PRESETS  # noqa: E402
 from advpt.models.encoder import check_max_length  # noqa: E402
 from advpt.training.build import build_trainer  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
-from advpt.training.engines import simple_ds_config  # noqa: E402
+from advpt.training.engines.engine import simple_ds_config  # noqa: E402
 from advpt.training.phases import PHASES  # noqa: E402
 from advpt.training.run_dir import write_atomically  # noqa: E402
 from advpt.training.schedule import ENCODER  # noqa: E402

@@ -67,7 +67,7 @@ from advpt.errors import ConfigError, DataError
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
 from advpt.training.build import build_data, build_trainer, open_data
 from advpt.training.distributed import init_distributed
-from advpt.training.engines import simple_ds_config
+from advpt.training.engines.engine import simple_ds_config
 from advpt.training.objective import AdversarialObjective, masked_lm
 from advpt.training.schedule import random_only_steps
 from advpt.training.trainer import Trainer

@@ -33,7 +33,7 @@ def write_ds_config(
 ) -> str:
     """A CPU DeepSpeed JSON (torch AdamW, no C++ op build) written to ``path``; ``extra`` keys
     replace the builder's (``advpt.training.engines.simple_ds_config``)."""
-    from advpt.training.engines import simple_ds_config
+    from advpt.training.engines.engine import simple_ds_config
 
     config = simple_ds_config(micro, micro * accumulation * world, lr) | extra
     path.write_text(json.dumps(config))
@@ -218,7 +218,7 @@ def launch(
 
 def without_wall_clock(records: list[dict]) -> list[dict]:
     """Logged rows without what depends on the wall clock: what a resumed run must reproduce."""
-    from advpt.training.monitor import WALL_CLOCK_KEYS
+    from advpt.training.reporting.monitor import WALL_CLOCK_KEYS
 
     return [{k: v for k, v in r.items() if k not in WALL_CLOCK_KEYS} for r in records]
 

@@ -135,8 +135,8 @@ def test_long_values_in_messages_are_shortened(tmp_path):
 )
 def test_deepspeed_batch_settings_must_be_positive_integers(tmp_path, key, value):
     from advpt.errors import ConfigError
-    from advpt.training.batch_layout import BatchLayout
-    from advpt.training.engines import read_ds_config
+    from advpt.training.engines.batch_layout import BatchLayout
+    from advpt.training.engines.engine import read_ds_config
 
     path = tmp_path / "ds.json"
     write_ds_config(path)

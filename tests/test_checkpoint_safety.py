@@ -21,7 +21,7 @@ import torch
 
 from advpt.errors import CheckpointError
 from advpt.models import ENCODER_PRESETS
-from advpt.training import checkpoint
+from advpt.training.checkpoints import store
 from tests.helpers import REPO, build_tiny_trainer, child_env, run_in_process, tiny_run_args
 
 MODEL_FILE = "mp_rank_00_model_states.pt"
@@ -44,7 +44,7 @@ def root(saved, tmp_path) -> Path:
 
 
 def _resume(saved, root: Path, identity: dict | None = None) -> str | None:
-    return checkpoint.resume_tag(root, saved.engines, identity or saved.checkpointer.identity)
+    return store.resume_tag(root, saved.engines, identity or saved.checkpointer.identity)
 
 
 def _truncate(file: Path) -> None:
@@ -90,7 +90,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(saved, root, c
     warning = caplog.text
     assert "the newest checkpoint" in warning and expected in warning and "step00000003" in warning
     assert (root / "latest").read_text().strip() == "step00000002"
-    state = checkpoint.load_checkpoint(root, "step00000002", saved.engines)
+    state = store.load_checkpoint(root, "step00000002", saved.engines)
     assert state["counters"]["encoder_step"] == 2
 
 
@@ -150,13 +150,13 @@ def test_another_model_is_refused_naming_both(saved, root):
 
 
 def test_retention_keeps_the_newest_and_a_repeated_tag_changes_nothing(saved, root):
-    checkpoint._prune(root, "step00000003", keep=1)
+    store._prune(root, "step00000003", keep=1)
     assert sorted(p.name for p in (root / "encoder").iterdir()) == ["step00000003"]
     assert sorted(p.name for p in (root / "manifest").iterdir()) == ["step00000003.json"]
     with pytest.raises(ValueError, match="keep must be at least 1"):
-        checkpoint.save_checkpoint(root, "step00000004", saved.engines, {}, 0, {})
+        store.save_checkpoint(root, "step00000004", saved.engines, {}, 0, {})
     before = (root / "encoder" / "step00000003" / MODEL_FILE).read_bytes()
-    checkpoint.save_checkpoint(root, "step00000003", saved.engines, {}, 1, {})
+    store.save_checkpoint(root, "step00000003", saved.engines, {}, 1, {})
     assert (root / "encoder" / "step00000003" / MODEL_FILE).read_bytes() == before
 
 
@@ -169,7 +169,7 @@ def test_a_manifest_naming_its_encoder_preset_still_resumes_and_loads(saved, roo
         content["architecture"] = {"encoder": "tiny"}
         manifest.write_text(json.dumps(content))
     assert _resume(saved, root) == "step00000003"
-    assert checkpoint.recorded_encoder(root, "step00000003") == ENCODER_PRESETS["tiny"]
+    assert store.recorded_encoder(root, "step00000003") == ENCODER_PRESETS["tiny"]
     with pytest.raises(CheckpointError, match="encoder 'tiny' there, 'small' here"):
         _resume(saved, root, {"encoder": "small"})
 
@@ -240,7 +240,7 @@ def test_disk_full_during_a_save_removes_it_and_keeps_the_previous_one(tmp_path,
 
 
 def test_pretrained_run_with_a_damaged_newest_checkpoint_is_one_sentence(saved, tmp_path):
-    from advpt.training.consolidate import load_encoder
+    from advpt.training.checkpoints.consolidate import load_encoder
 
     run_dir = Path(shutil.copytree(saved.run_dir, tmp_path / "run"))
     assert load_encoder(run_dir).cfg.hidden_size == 32

@@ -26,7 +26,7 @@ from torch._dynamo.utils import counters
 
 from advpt.data.stream import stream_loader
 from advpt.errors import ConfigError
-from advpt.training.compilation import compiled_part
+from advpt.training.engines.compilation import compiled_part
 from advpt.training.phases import PHASES
 from advpt.training.schedule import ENCODER, JOINT, NOISER, RANDOM
 from tests.helpers import REPO, build_tiny_trainer, child_env
@@ -149,7 +149,7 @@ def test_compiled_training_equals_eager_without_recompiling(
 
 
 def test_the_paper_gru_noiser_stays_eager_under_compile(tmp_path):
-    """--compile leaves the GRU noiser eager (``advpt.training.compilation`` says why)."""
+    """--compile leaves the GRU noiser eager (``advpt.training.engines.compilation`` says why)."""
     trainer = build_tiny_trainer(tmp_path, "--compile")
     assert compiled_part(trainer.noiser.module) is None
     assert compiled_part(trainer.encoder.module) is trainer.encoder.module

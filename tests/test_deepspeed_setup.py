@@ -12,8 +12,8 @@ from advpt.config.finetune import FinetuneConfig
 from advpt.config.pretrain import TrainConfig
 from advpt.config.section import field_docs
 from advpt.errors import ConfigError
-from advpt.training.batch_layout import BatchLayout, DeepSpeedJson
-from advpt.training.engines import build_engine, current_lr, load_ds_config, read_ds_config
+from advpt.training.engines.batch_layout import BatchLayout, DeepSpeedJson
+from advpt.training.engines.engine import build_engine, current_lr, load_ds_config, read_ds_config
 from tests.helpers import REPO, build_tiny_trainer, child_env, launcher_command, tiny_run_args
 
 

@@ -43,9 +43,9 @@ from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
 from advpt.models.heads import HeadConfig, TaskModel
 from advpt.tasks import IGNORE_LABEL, PER_RESIDUE, PER_SEQUENCE, REGRESSION
 from advpt.tokenizer import TAPE, Vocabulary
-from advpt.training.monitor import MetricsAccumulator
 from advpt.training.objective import AdversarialObjective
 from advpt.training.phases import PHASES
+from advpt.training.reporting.monitor import MetricsAccumulator
 from advpt.training.schedule import ENCODER, JOINT, NOISER, RANDOM
 from advpt.training.validation import validation_sums
 from advpt.variants import VARIANTS

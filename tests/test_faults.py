@@ -220,7 +220,7 @@ def test_one_rank_dying_ends_the_whole_job(tmp_path):
 
 
 def test_metrics_of_a_resumed_run_drop_a_torn_last_line(tmp_path):
-    from advpt.training.monitor import MetricsWriter
+    from advpt.training.reporting.monitor import MetricsWriter
     from advpt.training.run_dir import RunDir
 
     (tmp_path / "metrics.jsonl").write_text(

@@ -10,8 +10,8 @@ import pytest
 from advpt.config.pretrain import TrainConfig
 from advpt.config.section import field_docs
 from advpt.errors import CheckpointError, ConfigError
-from advpt.training.batch_layout import BatchLayout
-from advpt.training.engines import load_ds_config, read_ds_config
+from advpt.training.engines.batch_layout import BatchLayout
+from advpt.training.engines.engine import load_ds_config, read_ds_config
 from tests.helpers import build_tiny_trainer, write_ds_config
 
 

@@ -42,7 +42,7 @@ def test_collapse_alarm_logs_every_record_and_warns_once(tmp_path, distributed, 
         tmp_path, "--collapse_entropy_threshold", "1.0", "--max_steps", "3", "--log_every", "1",
         "--noiser_steps", "1", "--encoder_steps", "1",
     )  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="advpt.training.monitor"):
+    with caplog.at_level(logging.WARNING, logger="advpt.training.reporting.monitor"):
         trainer.train()
     records = [r for r in read_metrics(tmp_path / "run") if "mask_entropy" in r]
     assert len(records) >= 3 and all(r["mask_collapse"] == 1 for r in records)

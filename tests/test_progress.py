@@ -4,7 +4,7 @@ import io
 
 import pytest
 
-from advpt.training.batch_layout import BatchLayout
+from advpt.training.engines.batch_layout import BatchLayout
 from advpt.training.progress import Progress
 from advpt.training.schedule import ENCODER, AlternatingSchedule, make_schedule
 

@@ -10,9 +10,9 @@ from matplotlib import pyplot
 from advpt.config.cli import parse
 from advpt.config.pretrain import TrainConfig
 from advpt.report import main
-from advpt.training.plots import run_figure
-from advpt.training.run_metrics import load_run
-from advpt.training.summary import compare_runs, format_duration, report_run, summarize
+from advpt.training.reporting.plots import run_figure
+from advpt.training.reporting.run_metrics import load_run
+from advpt.training.reporting.summary import compare_runs, format_duration, report_run, summarize
 from tests.helpers import IN_AND_OUT_OF_PROCESS, REPO, child_env
 
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from advpt.training.run_metrics import load_run
-from advpt.training.summary import summarize
+from advpt.training.reporting.run_metrics import load_run
+from advpt.training.reporting.summary import summarize
 from tests.helpers import (
     IN_AND_OUT_OF_PROCESS,
     bundled_clusters,

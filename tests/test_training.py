@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from advpt.tokenizer import TAPE
-from advpt.training.monitor import MetricsAccumulator
+from advpt.training.reporting.monitor import MetricsAccumulator
 from advpt.training.schedule import ENCODER, NOISER
 from advpt.training.trainer import NonFiniteError
 from tests.helpers import build_tiny_trainer

@@ -36,7 +36,7 @@ Schedule = Literal["alternating", "simultaneous"]
 Estimator = Literal["mixed", "importance"]
 
 TRACKERS = ("tensorboard", "wandb", "mlflow", "csv")
-"""Where a run's metrics can go besides metrics.jsonl (``advpt.training.trackers``)."""
+"""Where a run's metrics can go besides metrics.jsonl (``advpt.training.reporting.trackers``)."""
 
 
 @dataclass

@@ -26,17 +26,17 @@ from advpt.errors import CheckpointError, ConfigError
 from advpt.models import ENCODER_PRESETS, EncoderConfig, MaskedLanguageModel, build_noiser
 from advpt.models.encoder import check_max_length
 from advpt.tokenizer import Vocabulary
-from advpt.training.batch_layout import BatchLayout
-from advpt.training.checkpoint import model_identity
-from advpt.training.checkpointer import Checkpointer
-from advpt.training.compilation import compile_engine
-from advpt.training.consolidate import load_model
-from advpt.training.engines import build_engine, load_ds_config, read_ds_config
+from advpt.training.checkpoints.checkpointer import Checkpointer
+from advpt.training.checkpoints.consolidate import load_model
+from advpt.training.checkpoints.store import model_identity
+from advpt.training.engines.batch_layout import BatchLayout
+from advpt.training.engines.compilation import compile_engine
+from advpt.training.engines.engine import build_engine, load_ds_config, read_ds_config
 from advpt.training.plan import RunPlan
 from advpt.training.preemption import StopSignals
+from advpt.training.reporting.trackers import check_available
 from advpt.training.run_dir import RunDir
 from advpt.training.schedule import noiser_lr_steps, random_only_steps
-from advpt.training.trackers import check_available
 from advpt.training.trainer import Trainer
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from advpt.training.batch_layout import BatchLayout
+from advpt.training.engines.batch_layout import BatchLayout
 from advpt.training.run_dir import RunDir
 
 

@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
-from advpt.training.summary import format_duration
+from advpt.training.reporting.summary import format_duration
 
 PREFIX = "[advpt]"
 

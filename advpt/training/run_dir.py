@@ -5,13 +5,13 @@ A pre-training run (``advpt.train``) writes::
     config.json             every setting of the run; it names the two files below
     ds_config.json          the encoder's DeepSpeed config as resolved (batch layout, lr)
     ds_noiser_config.json   the noiser's, in adversarial runs
-    metrics.jsonl           one JSON object per logged step (``advpt.training.monitor``)
+    metrics.jsonl           one JSON object per logged step (``advpt.training.reporting.monitor``)
     setting_changes.json    the settings a resume changed, each with its step (written by
                               a resume with --allow_setting_changes only)
-    tensorboard/            the trackers' files (``advpt.training.trackers``): TensorBoard,
-    metrics.csv, wandb/,      CSV, W&B, MLflow, and the W&B and MLflow run ids
+    tensorboard/            the trackers' files (``advpt.training.reporting.trackers``):
+    metrics.csv, wandb/,      TensorBoard, CSV, W&B, MLflow, and the W&B and MLflow run ids
     mlflow.db, trackers.json
-    checkpoints/            the engines' checkpoints (``advpt.training.checkpoint``)
+    checkpoints/            the engines' checkpoints (``advpt.training.checkpoints.store``)
     report.png              the plot of ``python -m advpt.report``
     .lock                   held by the running job (``advpt.training.run_lock``)
 

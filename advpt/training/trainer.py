@@ -18,12 +18,13 @@ train the encoder alone under random masking (phase ``random``); the schedule ab
 the noiser does. Whether a step is in the warm-up follows from the encoder step count, so resumed
 runs need no further state.
 
-What each phase maximises or minimises is ``advpt.training.objective``; which engines it trains
-and what it is logged as, ``advpt.training.phases``; the batch, ``advpt.training.batch_layout``;
-when a save is due and what it holds, ``advpt.training.checkpointer``. This module is the loop
-around them, read top to bottom: ``train`` runs ``_train_step`` (one ``optimizer_step``, then
-the logging, validation and saving that fall due); an optimizer step is one accumulation window
-of ``micro_step`` calls, each the phase's objective and its engines' ``step()``.
+What each phase maximises or minimises is ``advpt.training.objective``; which engines it trains and
+what it is logged as, ``advpt.training.phases``; the batch, ``advpt.training.engines.batch_layout``;
+when a save is due and what it holds, ``advpt.training.checkpoints.checkpointer``; every run-level
+fact, ``advpt.training.plan``. This module is the loop around them, read top to bottom: ``train``
+runs ``_train_step`` (one ``optimizer_step``, then the logging, validation and saving that fall
+due); an optimizer step is one accumulation window of ``micro_step`` calls, each the phase's
+objective and its engines' ``step()``.
 """
 
 from __future__ import annotations
@@ -43,16 +44,21 @@ from advpt.data.stream import MicroBatches, ValidationBatches, stream_loader
 from advpt.errors import NonFiniteError
 from advpt.models.encoder import MLMOutput
 from advpt.training import distributed
-from advpt.training.batch_layout import BatchLayout
-from advpt.training.checkpointer import Checkpointer
-from advpt.training.compilation import describe_compile_time
+from advpt.training.checkpoints.checkpointer import Checkpointer
 from advpt.training.counters import Counters
-from advpt.training.monitor import EngineMetrics, MetricsAccumulator, MetricsWriter, check_collapse
+from advpt.training.engines.batch_layout import BatchLayout
+from advpt.training.engines.compilation import describe_compile_time
 from advpt.training.objective import AdversarialObjective
 from advpt.training.phases import PHASES
 from advpt.training.plan import RunPlan
 from advpt.training.preemption import StopSignals, WallClock, ignore_in_worker, job_deadline
 from advpt.training.progress import Progress
+from advpt.training.reporting.monitor import (
+    EngineMetrics,
+    MetricsAccumulator,
+    MetricsWriter,
+    check_collapse,
+)
 from advpt.training.run_dir import RunDir, write_config
 from advpt.training.schedule import JOINT, RANDOM, make_schedule
 from advpt.training.validation import validate

@@ -27,7 +27,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from advpt import ds_configs
 from advpt.errors import ConfigError, first_line
 from advpt.safe_load import read_json
-from advpt.training.batch_layout import DeepSpeedJson
+from advpt.training.engines.batch_layout import DeepSpeedJson
 
 
 def _check_optimizer_numbers(config: dict[str, Any], path: str) -> None:
@@ -49,7 +49,7 @@ def _check_optimizer_numbers(config: dict[str, Any], path: str) -> None:
 def read_ds_config(name: str, job_name: str) -> DeepSpeedJson:
     """A DeepSpeed JSON as written: ``name`` is a path, a short name of a shipped config for the
     role ``job_name`` (encoder, noiser, finetune) or ``auto`` (``advpt.ds_configs``). Its batch
-    settings are the batch layout's to read (``advpt.training.batch_layout``)."""
+    settings are the batch layout's to read (``advpt.training.engines.batch_layout``)."""
     on_cpu = get_accelerator().device_name() == "cpu"
     file = ds_configs.resolve(name, job_name, on_cpu)
     if file is None:

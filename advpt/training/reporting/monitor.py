@@ -1,10 +1,10 @@
 """Training metrics: accumulated on the device, reduced and written only at logging steps.
 
 Between logging steps nothing leaves the device (no ``.item()``), so the hot loop never waits.
-At a logging step one packed ``all_reduce`` sums every counter over the ranks, and rank 0 writes
-one JSON object per line to ``<run_dir>/metrics.jsonl`` and the scalars to the run's trackers
-(TensorBoard in ``<run_dir>/tensorboard`` by default: ``advpt.training.trackers``). Every line
-carries its wall-clock time: ``time`` (Unix seconds) and ``elapsed_s`` (seconds since this job
+At a logging step one packed ``all_reduce`` sums every counter over the ranks, and rank 0 writes one
+JSON object per line to ``<run_dir>/metrics.jsonl`` and the scalars to the run's trackers
+(TensorBoard in ``<run_dir>/tensorboard`` by default: ``advpt.training.reporting.trackers``). Every
+line carries its wall-clock time: ``time`` (Unix seconds) and ``elapsed_s`` (seconds since this job
 started training; a resumed job starts again from 0), which ``advpt.report`` adds up job by job.
 """
 
@@ -27,10 +27,10 @@ from advpt.masking.adversarial import OPTION_KEEP, OPTION_MASK, num_options
 from advpt.masking.importance import effective_sample_share
 from advpt.models.encoder import MLMOutput
 from advpt.tokenizer import Vocabulary
-from advpt.training.engines import current_lr
+from advpt.training.engines.engine import current_lr
 from advpt.training.objective import Draw
+from advpt.training.reporting.trackers import Tracker, open_trackers
 from advpt.training.run_dir import RunDir
-from advpt.training.trackers import Tracker, open_trackers
 
 logger = logging.getLogger(__name__)
 
@@ -276,7 +276,7 @@ class MetricsWriter:
 
     ``metrics.jsonl`` keys each record by ``step`` (optimizer steps of both models, what a resume
     truncates by) and carries ``encoder_step``; the trackers plot every scalar against the encoder
-    step (``advpt.training.trackers``).
+    step (``advpt.training.reporting.trackers``).
     """
 
     def __init__(

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from advpt.errors import cannot_write
-from advpt.training.plots import plot_comparison, plot_run
+from advpt.training.reporting.plots import plot_comparison, plot_run
+from advpt.training.reporting.run_metrics import Run, load_run
 from advpt.training.run_dir import RunDir
-from advpt.training.run_metrics import Run, load_run
 
 PLOTS_HINT = "plots need matplotlib: pip install advpt[plots]"
 COMPARISON = "comparison"

@@ -1,8 +1,8 @@
 """A run's ``metrics.jsonl``, read back for summaries and plots.
 
-Each line is one logged step (``advpt.training.monitor``): training windows carry ``phase``,
-validation passes ``val_loss``; both carry the optimizer ``step``, ``encoder_step`` and, since
-the rows were timestamped, ``time`` and ``elapsed_s``.
+Each line is one logged step (``advpt.training.reporting.monitor``): training windows carry
+``phase``, validation passes ``val_loss``; both carry the optimizer ``step``, ``encoder_step`` and,
+since the rows were timestamped, ``time`` and ``elapsed_s``.
 """
 
 from __future__ import annotations

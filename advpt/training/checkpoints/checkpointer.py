@@ -4,9 +4,9 @@ Modelled on torchtitan's ``CheckpointManager``. The parts: the engines (weights,
 learning-rate schedule states), the counters (optimizer steps, training time and the stream
 position: the job's global count of micro-batches), the schedule's phase, the batch layout,
 each rank's RNG, and the settings the run trains with (``TrainConfig.training_settings``) with
-the history of their changes. ``advpt.training.checkpoint`` writes and validates the files; the
+the history of their changes. ``advpt.training.checkpoints.store`` writes and validates the files; the
 checkpointer decides when a save is due and restores every part, checkpoints of older formats
-included. Its ``identity`` (``checkpoint.model_identity``) is what the manifest records as the
+included. Its ``identity`` (``store.model_identity``) is what the manifest records as the
 model, and what a resumed run must match. A resumed run keeps the recorded training settings
 too, unless it allows changes: then each change is added to the history with the step it took
 effect at.
@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from advpt.errors import CheckpointError
-from advpt.training import checkpoint
-from advpt.training.batch_layout import BatchLayout
+from advpt.training.checkpoints import store
+from advpt.training.engines.batch_layout import BatchLayout
 from advpt.training.counters import Counters
 from advpt.training.plan import RunPlan
 from advpt.training.schedule import Schedule
@@ -36,7 +36,7 @@ class Checkpointer:
     def __init__(
         self,
         plan: RunPlan,
-        engines: checkpoint.Engines,
+        engines: store.Engines,
         every: int,
         keep: int,
         global_batch_given: bool = False,
@@ -65,8 +65,8 @@ class Checkpointer:
             "settings": self.settings,
             "setting_changes": self.changes,
         }
-        tag = checkpoint.checkpoint_tag(counters.step)
-        checkpoint.save_checkpoint(self.root, tag, self.engines, state, self.keep, self.identity)
+        tag = store.checkpoint_tag(counters.step)
+        store.save_checkpoint(self.root, tag, self.engines, state, self.keep, self.identity)
 
     def restore(
         self, counters: Counters, schedule: Schedule, layout: BatchLayout
@@ -74,10 +74,10 @@ class Checkpointer:
         """Load the newest usable checkpoint into the engines, RNG, ``counters`` and
         ``schedule``; returns ``layout`` as resumed (``BatchLayout.resumed``), or None when
         there is no checkpoint to resume (a collective)."""
-        tag = checkpoint.resume_tag(self.root, self.engines, self.identity)
+        tag = store.resume_tag(self.root, self.engines, self.identity)
         if tag is None:
             return None
-        state = checkpoint.load_checkpoint(self.root, tag, self.engines)
+        state = store.load_checkpoint(self.root, tag, self.engines)
         counters.load_state_dict(state["counters"])
         try:  # first: another schedule is refused whatever the settings allow
             schedule.load_state_dict(state["schedule"])
@@ -85,7 +85,7 @@ class Checkpointer:
             raise CheckpointError(f"{self.root}: {exc}") from None
         self._take_settings(state, tag, counters)
         if "layout" not in state:  # written when the data position counted one rank's batches
-            counters.micro_batches *= checkpoint.saved_world_size(self.root, tag)
+            counters.micro_batches *= store.saved_world_size(self.root, tag)
         return layout.resumed(state, tag, self.root, self.global_batch_given)
 
     def _take_settings(self, state: dict[str, Any], tag: str, counters: Counters) -> None:

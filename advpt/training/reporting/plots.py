@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from advpt.training.run_metrics import Run
+from advpt.training.reporting.run_metrics import Run
 
 
 def _pyplot():
@@ -23,8 +23,8 @@ def _pyplot():
     return plt
 
 
-# Every picture's x axis, as every tracker's (advpt.training.trackers): a noiser phase's rows
-# stand at the encoder step that the phase follows.
+# Every picture's x axis, as every tracker's (advpt.training.reporting.trackers): a noiser
+# phase's rows stand at the encoder step that the phase follows.
 X, XLABEL = "encoder_step", "encoder step"
 
 
