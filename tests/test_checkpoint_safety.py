@@ -278,3 +278,21 @@ def test_enum_members_pickled_by_name_load_and_nothing_else_does(tmp_path):
         torch.save({"zero_stage": _ByName(owner, name)}, crafted)
         with pytest.raises(CheckpointError, match="holds more than tensors and plain data"):
             load_weights_only(crafted, [ZeroStageEnum])
+
+
+def test_trainer_states_of_older_formats_are_read_as_todays():
+    from advpt.training.checkpoints.migrate import migrate
+    from advpt.training.schedule import JOINT, AlternatingSchedule, SimultaneousSchedule
+
+    # written by two ranks before the layout and joint_every were recorded
+    old = {"counters": {"encoder_step": 3, "micro_batches": 6}, "schedule": {"phase": JOINT}}
+    state = migrate(old, saved_world_size=2)
+    assert state["counters"]["micro_batches"] == 12  # the data position of both ranks
+    assert old["counters"]["micro_batches"] == 6  # the checkpoint's own state is left as read
+    joint = SimultaneousSchedule(joint_every=1)
+    joint.load_state_dict(state["schedule"])
+    assert (joint.steps, joint.phase) == (0, JOINT)
+    with pytest.raises(ValueError, match="written by the simultaneous schedule"):
+        AlternatingSchedule().load_state_dict(state["schedule"])
+    today = {"counters": {"micro_batches": 6}, "schedule": {"phase": "noiser"}, "layout": {}}
+    assert migrate(today, saved_world_size=2) == today

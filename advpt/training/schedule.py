@@ -57,7 +57,7 @@ class AlternatingSchedule:
         return {"phase": self.phase, "steps_in_phase": self.steps_in_phase}
 
     def load_state_dict(self, state: dict) -> None:
-        if state["phase"] == JOINT or state.get("schedule") == "simultaneous":
+        if state.get("schedule") == "simultaneous":
             raise ValueError(
                 "the checkpoint was written by the simultaneous schedule; resume it with "
                 "--schedule simultaneous"
@@ -98,8 +98,7 @@ class SimultaneousSchedule:
         return {"phase": self.phase, "schedule": "simultaneous", "steps": self.steps}
 
     def load_state_dict(self, state: dict) -> None:
-        # before joint_every, the state was {"phase": JOINT} alone, and every step joint
-        if state.get("schedule") != "simultaneous" and state.get("phase") != JOINT:
+        if state.get("schedule") != "simultaneous":
             raise ValueError(
                 "the checkpoint was written by the alternating schedule; resume it with "
                 "--schedule alternating"

@@ -6,7 +6,7 @@ position: the job's global count of micro-batches), the schedule's phase, the ba
 each rank's RNG, and the settings the run trains with (``TrainConfig.training_settings``) with
 the history of their changes. ``advpt.training.checkpoints.store`` writes and validates the files; the
 checkpointer decides when a save is due and restores every part, checkpoints of older formats
-included. Its ``identity`` (``store.model_identity``) is what the manifest records as the
+included (``migrate``). Its ``identity`` (``store.model_identity``) is what the manifest records as the
 model, and what a resumed run must match. A resumed run keeps the recorded training settings
 too, unless it allows changes: then each change is added to the history with the step it took
 effect at.
@@ -18,6 +18,7 @@ from typing import Any
 
 from advpt.errors import CheckpointError
 from advpt.training.checkpoints import store
+from advpt.training.checkpoints.migrate import migrate
 from advpt.training.engines.batch_layout import BatchLayout
 from advpt.training.counters import Counters
 from advpt.training.plan import RunPlan
@@ -78,14 +79,13 @@ class Checkpointer:
         if tag is None:
             return None
         state = store.load_checkpoint(self.root, tag, self.engines)
+        state = migrate(state, store.saved_world_size(self.root, tag))
         counters.load_state_dict(state["counters"])
         try:  # first: another schedule is refused whatever the settings allow
             schedule.load_state_dict(state["schedule"])
         except ValueError as exc:
             raise CheckpointError(f"{self.root}: {exc}") from None
         self._take_settings(state, tag, counters)
-        if "layout" not in state:  # written when the data position counted one rank's batches
-            counters.micro_batches *= store.saved_world_size(self.root, tag)
         return layout.resumed(state, tag, self.root, self.global_batch_given)
 
     def _take_settings(self, state: dict[str, Any], tag: str, counters: Counters) -> None:
