@@ -176,7 +176,7 @@ class Finetuner:
                 encoder.cfg.max_positions,
                 encoder.cfg.vocabulary,
                 config.use_valid_mask,
-            )  # fmt: skip
+            )
             for name in self.spec.splits
         }
         place, micro = rank(), self.layout.micro_batch

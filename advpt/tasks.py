@@ -52,7 +52,7 @@ TASKS: dict[str, TaskSpec] = {
         1195,
         ("test_fold_holdout", "test_superfamily_holdout", "test_family_holdout"),
         "accuracy",
-    ),  # fmt: skip
+    ),
     "fluorescence": TaskSpec(
         "fluorescence", "log_fluorescence", REGRESSION, 1, ("test",), "spearman"
     ),

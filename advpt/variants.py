@@ -54,7 +54,7 @@ VARIANTS: dict[str, list[str]] = {
         "0.3",
         "--adversarial_rate",
         "0.1",
-    ],  # fmt: skip
+    ],
     "conv-noiser": ["--mode", "adversarial", "--noiser_arch", "conv"],
     "transformer-noiser": ["--mode", "adversarial", "--noiser_arch", "transformer"],
     "noiser-1-in-4": ["--mode", "adversarial", "--noiser_steps", "1", "--encoder_steps", "4"],

@@ -155,7 +155,7 @@ def sweep_one(args: argparse.Namespace, task: str, name: str, path: str) -> dict
                 "valid": g["result"]["splits"]["valid"][metric],
             }
             for g in grid
-        ],  # fmt: skip
+        ],
         "splits": splits,
     }
 

@@ -236,7 +236,7 @@ def test_two_srun_tasks_form_one_two_rank_job(tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-        )  # fmt: skip
+        )
         for i in range(2)
     ]
     outputs = [task.communicate(timeout=600)[0] for task in tasks]

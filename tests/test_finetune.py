@@ -338,7 +338,7 @@ def test_same_seed_same_run_and_early_stopping(tmp_path, distributed):
             torch.device("cpu"),
         )
         for name, extra in (("a", ()), ("b", ()), ("c", ("--seed", "1")))
-    )  # fmt: skip
+    )
     assert first["splits"] == second["splits"]
     assert first["splits"] != other["splits"]
 
