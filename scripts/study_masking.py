@@ -965,6 +965,12 @@ def write_report(
     took = f"It took {minutes:.1f} minutes"
     if reused:  # the runs an earlier invocation trained are not in this one's minutes
         took += " to train what an earlier, stopped study had not finished and score everything"
+        trained = sum(summary[arm]["seconds"][0] for arm in arms) * size.seeds / 60
+        took += (
+            f"; the {len(arms) * size.seeds} runs' training alone, over every invocation, took "
+            f"{trained:.0f} minutes of run time ({size.jobs} at a time), validation and saves "
+            "excluded"
+        )
     if costs:
         time_column = "cost per update (x random 20%)"
         equal_time = f"""- **random masking, equal time**: each arm's loss after the training

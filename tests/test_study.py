@@ -46,6 +46,7 @@ def test_quick_study_stops_keeps_its_runs_and_writes_the_tables_and_plots(tmp_pa
     report = (out / "study.md").read_text()
     assert "python scripts/study_masking.py --size quick --reuse\n" in report
     assert "to train what an earlier, stopped study had not finished" in report
+    assert "the 14 runs' training alone, over every invocation, took " in report  # 7 arms x 2
     lines = report.splitlines()
     first = lines.index(next(line for line in lines if line.startswith("| arm | updates")))
     rows = [line for line in lines[first + 2 :] if line.startswith("| ")]
