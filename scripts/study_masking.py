@@ -1008,7 +1008,8 @@ Setting: encoder preset `{size.encoder}`, noiser preset `{size.noiser}`; the
 {"bundled proteome" if args.data == BUNDLED_PROTEOME else f"data `{args.data}`"}, crops of
 {size.max_length} tokens, micro-batch {size.micro_batch}; AdamW, encoder lr {size.encoder_lr:g},
 noiser lr {size.noiser_lr:g}, warmup 10% then linear decay to {MIN_LR:g} x the peak; no batch
-growth; {size.encoder_updates} encoder updates per run; the paper's alternating cycles of
+growth; {size.encoder_updates} encoder updates per run, so an encoder sees at most
+{size.encoder_updates * size.micro_batch * size.max_length:,} tokens (updates x micro-batch x crop); the paper's alternating cycles of
 {size.cycle} + {size.cycle} optimizer steps unless an arm sets its own; seeds
 {", ".join(str(s) for s in range(size.seeds))} for every arm (a seed fixes the initial weights,
 the data order and the train/held-out split, so arms are paired within a seed). Every number is
