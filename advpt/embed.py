@@ -185,8 +185,10 @@ def embed_dataset(
     n, hidden = len(dataset), encoder.cfg.hidden_size
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lengths - SPECIAL_TOKENS, out=offsets[1:])
-    means = {layer: parts.add(layer_key("mean", layer, last), (n, hidden), np.float32)
-             for layer in layers}  # fmt: skip
+    means = {
+        layer: parts.add(layer_key("mean", layer, last), (n, hidden), np.float32)
+        for layer in layers
+    }
     residues = {}
     if per_residue:
         parts.add("offsets", (n + 1,), np.int64)[:] = offsets

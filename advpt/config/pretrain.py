@@ -109,14 +109,16 @@ class DataConfig(Section):
 
     def rules(self) -> list[tuple[bool, str]]:
         return [
-            (self.sample_by == "record" or bool(self.clusters),
-             "sample_by cluster needs --clusters"),
+            (
+                self.sample_by == "record" or bool(self.clusters),
+                "sample_by cluster needs --clusters",
+            ),
             (self.max_length >= 3, "max_length must be at least 3 tokens"),
             (0.0 <= self.val_fraction < 1.0, "val_fraction must be in [0, 1)"),
             (self.val_max_batches >= 0, "val_max_batches must be >= 0"),
             (self.bucket_batches >= 1, "bucket_batches must be at least 1"),
             (self.num_workers >= 0, "num_workers must be >= 0"),
-        ]  # fmt: skip
+        ]
 
 
 @dataclass

@@ -458,13 +458,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("inputs", nargs="+", help="files, directories or globs, in order")
     parser.add_argument("--out", required=True, help="the prepared dataset directory to write")
     parser.add_argument(
-        "--unknown_to_unk", action="store_true", help="store characters outside the alphabet "
-        "as <unk> instead of failing"
-    )  # fmt: skip
+        "--unknown_to_unk",
+        action="store_true",
+        help="store characters outside the alphabet as <unk> instead of failing",
+    )
     parser.add_argument(
-        "--skip_bad_records", action="store_true", help="leave out (count and log) records "
-        "that cannot be read"
-    )  # fmt: skip
+        "--skip_bad_records",
+        action="store_true",
+        help="leave out (count and log) records that cannot be read",
+    )
     parser.add_argument(
         "--workers", type=int, default=0, help="processes preparing in parallel (0: one per core)"
     )

@@ -287,16 +287,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", required=True, help="the prepared dataset directory to write")
     parser.add_argument(
-        "--data_cache", default="", help="where training keeps its cluster indexes (as its "
-        "--data_cache; empty is $ADVPT_DATA_CACHE, else ~/.cache/advpt/data)"
-    )  # fmt: skip
+        "--data_cache",
+        default="",
+        help="where training keeps its cluster indexes (as its "
+        "--data_cache; empty is $ADVPT_DATA_CACHE, else ~/.cache/advpt/data)",
+    )
     parser.add_argument(
         "--limit", type=positive, help="the first N proteins of each ontology only (for tests)"
     )
     parser.add_argument(
-        "--exclude", help="FASTA (or any other --data input) whose sequences are left out of the "
-        "corpus, such as a downstream test set"
-    )  # fmt: skip
+        "--exclude",
+        help="FASTA (or any other --data input) whose sequences are left out of the "
+        "corpus, such as a downstream test set",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)

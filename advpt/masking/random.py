@@ -88,8 +88,10 @@ def span_mask(
         # At most one span per missing residue: draw them all, lay them down in order.
         u = torch.rand((rows, spans), generator=generator, device=ids.device)
         lengths = (torch.log1p(-u) / log_keep).floor().clamp(0, max_span - 1) + 1  # [B, S]
-        starts = (torch.rand((rows, spans), generator=generator, device=ids.device)
-                  * row_length.unsqueeze(1)).floor()  # fmt: skip
+        starts = (
+            torch.rand((rows, spans), generator=generator, device=ids.device)
+            * row_length.unsqueeze(1)
+        ).floor()
         ends = starts + lengths
         free = maskable & ~masked  # [B, L]
         cover = (position >= starts[..., None]) & (position < ends[..., None]) & free[:, None]

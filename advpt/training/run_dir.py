@@ -147,9 +147,11 @@ def misplaced_entry(run_dir: RunDir) -> str:
     replace; empty when none."""
     folders = (run_dir.checkpoints, run_dir.tensorboard)
     files = (
-        run_dir.config, run_dir.metrics, run_dir.setting_changes,
+        run_dir.config,
+        run_dir.metrics,
+        run_dir.setting_changes,
         *map(run_dir.deepspeed_config, ("encoder", "noiser")),
-    )  # fmt: skip
+    )
     for path in folders:
         if path.exists() and not path.is_dir():
             return f"run directory {run_dir} holds {path.name}, a file where the run keeps a folder"

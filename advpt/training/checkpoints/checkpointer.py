@@ -2,14 +2,14 @@
 
 Modelled on torchtitan's ``CheckpointManager``. The parts: the engines (weights, optimizer and
 learning-rate schedule states), the counters (optimizer steps, training time and the stream
-position: the job's global count of micro-batches), the schedule's phase, the batch layout,
-each rank's RNG, and the settings the run trains with (``TrainConfig.training_settings``) with
-the history of their changes. ``advpt.training.checkpoints.store`` writes and validates the files; the
+position: the job's global count of micro-batches), the schedule's phase, the batch layout, each
+rank's RNG, and the settings the run trains with (``TrainConfig.training_settings``) with the
+history of their changes. ``advpt.training.checkpoints.store`` writes and validates the files; the
 checkpointer decides when a save is due and restores every part, checkpoints of older formats
-included (``migrate``). Its ``identity`` (``store.model_identity``) is what the manifest records as the
-model, and what a resumed run must match. A resumed run keeps the recorded training settings
-too, unless it allows changes: then each change is added to the history with the step it took
-effect at.
+included (``migrate``). Its ``identity`` (``store.model_identity``) is what the manifest records as
+the model, and what a resumed run must match. A resumed run keeps the recorded training settings
+too, unless it allows changes: then each change is added to the history with the step it took effect
+at.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 from advpt.errors import CheckpointError
 from advpt.training.checkpoints import store
 from advpt.training.checkpoints.migrate import migrate
-from advpt.training.engines.batch_layout import BatchLayout
 from advpt.training.counters import Counters
+from advpt.training.engines.batch_layout import BatchLayout
 from advpt.training.plan import RunPlan
 from advpt.training.schedule import Schedule
 

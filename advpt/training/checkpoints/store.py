@@ -21,15 +21,15 @@ raises one ``CheckpointError``, ``latest`` still naming the previous checkpoint.
 complete one is never pruned (``keep`` is at least 1). DeepSpeed's own per-engine ``latest``
 files are not written.
 
-Resuming. The newest checkpoint is validated before anything is loaded: its manifest, every
-file present at its recorded size and loadable with PyTorch's ``weights_only`` loader
-(DeepSpeed unpickles in full, which would run any code a crafted file carries; the few
-plain-data classes of DeepSpeed's optimizer states are admitted), and the model settings and
-shapes equal to the run's. A damaged checkpoint is passed over for the previous complete one
-with a warning naming the damage; a different model is refused. A checkpoint resumes on any
-number of ranks: the weights, LR schedules and trainer state are rank-independent, ZeRO's
-partitioned optimizer state is re-sharded (``advpt.training.checkpoints.reshard``), and the data position
-is the job's global count of micro-batches (``advpt.data.stream``).
+Resuming. The newest checkpoint is validated before anything is loaded: its manifest, every file
+present at its recorded size and loadable with PyTorch's ``weights_only`` loader (DeepSpeed
+unpickles in full, which would run any code a crafted file carries; the few plain-data classes of
+DeepSpeed's optimizer states are admitted), and the model settings and shapes equal to the run's. A
+damaged checkpoint is passed over for the previous complete one with a warning naming the damage; a
+different model is refused. A checkpoint resumes on any number of ranks: the weights, LR schedules
+and trainer state are rank-independent, ZeRO's partitioned optimizer state is re-sharded
+(``advpt.training.checkpoints.reshard``), and the data position is the job's global count of
+micro-batches (``advpt.data.stream``).
 """
 
 from __future__ import annotations
@@ -243,9 +243,11 @@ def save_checkpoint(
     for name, engine in engines.items():
         with _noting_writes(engine) as writer:
             engine.save_checkpoint(
-                str(root / name), tag=tag, client_state={"trainer": trainer_state},
+                str(root / name),
+                tag=tag,
+                client_state={"trainer": trainer_state},
                 save_latest=False,
-            )  # fmt: skip
+            )
         failure = failure or writer.failure
     rng_file = root / RNG / tag / f"rank{rank}.pt"
     try:
@@ -363,9 +365,10 @@ def _check_model(where: str, manifest: dict[str, Any], engines: Engines, arch: d
     the run would fit either."""
     theirs = manifest.get("architecture", {})
     differ = [
-        key for key in sorted(arch.keys() | theirs.keys())
+        key
+        for key in sorted(arch.keys() | theirs.keys())
         if not _same(key, theirs.get(key), arch.get(key))
-    ]  # fmt: skip
+    ]
     if differ:
         settings = "; ".join(
             f"{key} {_described(key, theirs.get(key))} there, {_described(key, arch.get(key))} here"
@@ -423,8 +426,8 @@ def _rng_file(root: Path, tag: str, manifest: dict[str, Any]) -> Path:
 
 
 def complete_latest(root: Path) -> str:
-    """The tag ``latest`` names, every file of it present as written: for reading a run's
-    weights (``advpt.training.checkpoints.consolidate``), which takes no other checkpoint in its place."""
+    """The tag ``latest`` names, every file of it present as written: for reading a run's weights
+    (``advpt.training.checkpoints.consolidate``), which takes no other checkpoint in its place."""
     tag = latest_tag(root)
     if not tag:
         raise CheckpointError(f"{root} has no complete checkpoint ({root / LATEST} is missing)")
@@ -490,8 +493,10 @@ def _warn_fallback(root: Path, tag: str, problem: str | None, passed_over: list[
         logger.warning(
             "warning: the newest checkpoint in %s cannot be resumed (%s); resuming from %s, the "
             "previous complete one",
-            root, reasons, tag,
-        )  # fmt: skip
+            root,
+            reasons,
+            tag,
+        )
         # Not fatal if it fails: the next save replaces it (and the damaged tag) all the same.
         with contextlib.suppress(OSError):
             write_atomically(root / LATEST, tag + "\n")
@@ -507,7 +512,8 @@ def load_checkpoint(root: Path, tag: str, engines: Engines) -> dict[str, Any]:
     returns the trainer state.
 
     On another number of ranks than wrote it, a partitioned optimizer's state is re-sharded
-    (``advpt.training.checkpoints.reshard``) and rank ``r`` takes the RNG state of rank ``r % saved``.
+    (``advpt.training.checkpoints.reshard``) and rank ``r`` takes the RNG state of rank ``r %
+    saved``.
     """
     manifest = _read_manifest(root, tag)
     saved_world = int(manifest["world_size"])

@@ -75,8 +75,9 @@ class BatchLayout:
             states = any(key in jsons[name].settings for key in BATCH_KEYS)
             found[name] = (
                 _engine_batch(jsons[name], ranks, global_batch, micro_batch, fit_micro)
-                if states else found[first]
-            )  # fmt: skip
+                if states
+                else found[first]
+            )
             if found[name][0] != found[first][0]:
                 raise ConfigError(
                     f"DeepSpeed configs {jsons[first].name} and {jsons[name].name} must set the "
@@ -152,10 +153,11 @@ class BatchLayout:
             unit = self.micro_batch * self.ranks
             for name in self.accumulation:
                 check_global_batch(
-                    state["base_batch"][name], unit,
+                    state["base_batch"][name],
+                    unit,
                     f"micro-batch x {self.ranks} rank(s) = {unit}",
                     f"the {name}'s in checkpoint {tag}; pass --global_batch to change it",
-                )  # fmt: skip
+                )
             accumulation = {name: state["base_batch"][name] // unit for name in accumulation}
         return replace(self, accumulation=accumulation, resumed_from=saved)
 
@@ -187,10 +189,11 @@ class BatchLayout:
         if saved is None or saved == now:
             return None
         parts = [
-            f"{text} {saved.get(key)} -> {now[key]}" if saved.get(key) != now[key]
+            f"{text} {saved.get(key)} -> {now[key]}"
+            if saved.get(key) != now[key]
             else f"{text} {now[key]} (unchanged)"
             for key, text in _NAMES.items()
-        ]  # fmt: skip
+        ]
         return "resumed with another batch layout than the checkpoint's: " + ", ".join(parts)
 
 
@@ -218,9 +221,10 @@ def _engine_batch(
     accumulation = settings.get("gradient_accumulation_steps")
     total = settings.get("train_batch_size")
     source = (
-        "given on the command line" if global_batch
+        "given on the command line"
+        if global_batch
         else f"train_batch_size of DeepSpeed config {path}"
-    )  # fmt: skip
+    )
     if global_batch is not None or micro_batch is not None or fit_micro:
         total = global_batch or total or micro * (accumulation or 1) * ranks
         if fit_micro:
@@ -230,8 +234,9 @@ def _engine_batch(
         accumulation = None  # follows from the global batch
     if total is None:  # DeepSpeed's own rule: micro-batch x accumulation x ranks
         return micro, accumulation or 1
-    check_global_batch(total, micro * ranks, f"micro-batch {micro} x {ranks} rank(s) = "
-                       f"{micro * ranks}", source)  # fmt: skip
+    check_global_batch(
+        total, micro * ranks, f"micro-batch {micro} x {ranks} rank(s) = {micro * ranks}", source
+    )
     if accumulation is not None and micro * accumulation * ranks != total:
         raise ConfigError(
             f"DeepSpeed config {path}: train_micro_batch_size_per_gpu {micro} x "

@@ -188,9 +188,11 @@ class NonFiniteStepGuard:
 
     def _grads(self) -> list[torch.Tensor]:
         return [
-            p.grad for group in self.optimizer.param_groups for p in group["params"]
+            p.grad
+            for group in self.optimizer.param_groups
+            for p in group["params"]
             if p.grad is not None
-        ]  # fmt: skip
+        ]
 
     def step(self, closure=None):
         grads = self._grads()

@@ -224,8 +224,10 @@ def check_collapse(record: dict[str, Any], threshold: float, warn: bool, already
             "mask position entropy %.3f is below collapse_entropy_threshold %.3f at encoder step "
             "%s: the noiser keeps masking the same few positions (try --noiser_entropy_bonus, a "
             "lower noiser learning rate or a longer --noiser_warmup_steps)",
-            record["mask_entropy"], threshold, record.get("encoder_step"),
-        )  # fmt: skip
+            record["mask_entropy"],
+            threshold,
+            record.get("encoder_step"),
+        )
     return collapsed
 
 
