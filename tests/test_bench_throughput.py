@@ -78,21 +78,13 @@ def test_micro_batch_search_doubles_then_bisects():
     assert bench.largest_fitting(probe(0), 8, 100) == (0, False, None)
 
 
-@pytest.mark.parametrize(
-    "flags, said",
-    [
-        (["--micro_batches", "0"], "bench_throughput.py: error: argument --micro_batches: must "
-         "be at least 1, not 0"),
-        (["--precisions", "fp8"], "bench_throughput.py: error: argument --precisions: invalid "
-         "choice: 'fp8' (choose from 'fp32', 'bf16', 'fp16')"),
-        (["--global_batch", "3", "--micro_batches", "2"], "advpt: error: --global_batch 3 is not "
-         "a multiple of --micro_batches 2"),
-    ],
-    ids=["micro_batches", "fp8", "global_batch"],
-)  # fmt: skip
-def test_bad_arguments_end_in_one_sentence_in_a_fresh_process(tmp_path, flags, said):
+def test_a_bad_argument_ends_in_one_sentence_in_a_fresh_process(tmp_path):
+    """As a user sees it (argparse's own refusals are checked in this process below)."""
     out = tmp_path / "bench.json"
-    assert refused_by_script("bench_throughput", *TINY, "--json", str(out), *flags) == said
+    flags = ["--json", str(out), "--global_batch", "3", "--micro_batches", "2"]
+    assert refused_by_script("bench_throughput", *TINY, *flags) == (
+        "advpt: error: --global_batch 3 is not a multiple of --micro_batches 2"
+    )
     assert not out.exists()
 
 
@@ -118,7 +110,8 @@ def test_a_precision_that_cannot_run_here_is_refused_not_labelled():
      ("--warmup", "-1", "must be at least 0, not -1"),
      ("--rounds", "0", "must be at least 1, not 0"),
      ("--workers", "-1", "must be at least 0, not -1"),
-     ("--max_micro_batch", "0", "must be at least 1, not 0")],
+     ("--max_micro_batch", "0", "must be at least 1, not 0"),
+     ("--precisions", "fp8", "invalid choice: 'fp8' (choose from 'fp32', 'bf16', 'fp16')")],
 )  # fmt: skip
 def test_every_number_is_checked_by_argparse(capsys, flag, value, said):
     with pytest.raises(SystemExit) as stop:
