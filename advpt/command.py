@@ -150,6 +150,10 @@ def stopping_on_signals(interrupt_stops: bool = True) -> Iterator[None]:
             return
         for sig in signals:
             signal.signal(sig, signal.SIG_IGN)
+        # The stop may cut an object's __init__ short (a DataLoader's worker iterator, say),
+        # whose __del__ then fails on what it never set: Python would print that after the one
+        # sentence. The process is ending; what finalizers raise from here on is not shown.
+        sys.unraisablehook = _ignore
         if signum == signal.SIGINT and not interrupt_stops:
             raise KeyboardInterrupt
         raise Stopped(signum)
@@ -160,6 +164,10 @@ def stopping_on_signals(interrupt_stops: bool = True) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _ignore(unraisable: object) -> None:
+    """An ``sys.unraisablehook`` that shows nothing."""
 
 
 def _in_finalizer(frame: FrameType | None) -> bool:

@@ -408,10 +408,38 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_a_stop_signal_met_inside_a_finalizer_still_stops_the_command():
+# A stop signal that cuts an object's __init__ short, whose __del__ then fails (as a DataLoader's
+# worker iterator does without its _shutdown).
+SIGNAL_IN_A_CONSTRUCTOR = """
+import os, signal, sys, time
+from advpt.command import command, stopping_on_signals
+
+class HalfBuilt:
+    def __init__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)  # the handler raises here
+        self.shutdown = False
+
+    def __del__(self):
+        self.shutdown  # AttributeError: __init__ never got here
+
+@command
+def main(argv):
+    with stopping_on_signals():
+        HalfBuilt()
+        time.sleep(10)
+        print("went on as if never stopped")
+    return 0
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("script", [SIGNAL_IN_A_FINALIZER, SIGNAL_IN_A_CONSTRUCTOR])
+def test_a_stop_signal_in_a_finalizer_or_a_constructor_ends_in_its_sentence_alone(script):
     done = subprocess.run(
-        [sys.executable, "-c", SIGNAL_IN_A_FINALIZER], cwd=REPO, env=child_env(),
-        capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", script], cwd=REPO, env=child_env(), capture_output=True,
+        text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 75, done.stdout + done.stderr
     assert done.stderr.strip().splitlines() == [
