@@ -79,7 +79,6 @@ from advpt.command import (  # noqa: E402
     command,
     non_negative,
     positive,
-    stopping_on_signals,
 )
 from advpt.config.cli import parse  # noqa: E402
 from advpt.config.pretrain import TrainConfig  # noqa: E402
@@ -91,6 +90,7 @@ from advpt.training.build import build_trainer  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
 from advpt.training.engines.engine import simple_ds_config  # noqa: E402
 from advpt.training.phases import PHASES  # noqa: E402
+from advpt.training.preemption import StopSignals  # noqa: E402
 from advpt.training.run_dir import write_atomically  # noqa: E402
 from advpt.training.schedule import ENCODER  # noqa: E402
 from advpt.variants import VARIANTS  # noqa: E402
@@ -258,10 +258,13 @@ class Timed:
 
 class Results:
     """The rows so far: each printed as it comes, and all of them written to ``path`` (if any)
-    after each one, so that a run stopped early (out of time) keeps what it measured."""
+    after each one, so that a run stopped early (out of time, or by a signal ``stops`` notes)
+    keeps what it measured. A stop signal ends the run after the row in progress."""
 
-    def __init__(self, path: Path | None, header: dict, fields: tuple[str, ...]):
-        self.path, self.header, self.fields = path, header, fields
+    def __init__(
+        self, path: Path | None, header: dict, fields: tuple[str, ...], stops: StopSignals
+    ):
+        self.path, self.header, self.fields, self.stops = path, header, fields, stops
         self.rows: list[dict] = []
         print(" | ".join(f"{f:>14}" for f in fields))
 
@@ -280,6 +283,9 @@ class Results:
                 )
             except OSError as err:
                 raise cannot_write(err, self.path) from err
+        if self.stops.received:
+            kept = f"the rows measured are in {self.path}" if self.path else "nothing was kept"
+            raise Stopped(self.stops.received, kept)
 
 
 def timing_grid(args, peak: float, device: torch.device, tmp: Path, results: Results) -> None:
@@ -498,16 +504,13 @@ def main(argv: list[str] | None = None) -> int:
         "max_length": args.max_length, "command": " ".join(sys.argv),
         "date": time.strftime("%Y-%m-%d"),
     }  # fmt: skip
-    results = Results(args.json, header, SEARCH_FIELDS if args.find_max_micro_batch else FIELDS)
-    try:
-        with stopping_on_signals(), tempfile.TemporaryDirectory() as tmp:
-            if args.find_max_micro_batch:
-                find_max_micro_batch(args, device, Path(tmp), results)
-            else:
-                timing_grid(args, peak, device, Path(tmp), results)
-    except Stopped as stop:
-        kept = f"the rows measured are in {args.json}" if args.json and results.rows else ""
-        raise Stopped(stop.signum, kept or "nothing was kept") from None
+    fields = SEARCH_FIELDS if args.find_max_micro_batch else FIELDS
+    with StopSignals() as stops, tempfile.TemporaryDirectory() as tmp:
+        results = Results(args.json, header, fields, stops)
+        if args.find_max_micro_batch:
+            find_max_micro_batch(args, device, Path(tmp), results)
+        else:
+            timing_grid(args, peak, device, Path(tmp), results)
     return 0
 
 

@@ -47,7 +47,6 @@ from advpt.command import (  # noqa: E402
     command,
     non_negative,
     positive,
-    stopping_on_signals,
 )
 from advpt.config.cli import parse  # noqa: E402
 from advpt.config.pretrain import TrainConfig  # noqa: E402
@@ -64,6 +63,7 @@ from advpt.training.build import build_trainer  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
 from advpt.training.engines.engine import simple_ds_config  # noqa: E402
 from advpt.training.objective import masked_lm  # noqa: E402
+from advpt.training.preemption import StopSignals  # noqa: E402
 from advpt.training.run_dir import write_atomically  # noqa: E402
 from advpt.training.schedule import ENCODER, NOISER  # noqa: E402
 from advpt.variants import VARIANTS  # noqa: E402
@@ -275,19 +275,19 @@ def main(argv: list[str] | None = None) -> int:
     init_distributed()
     header = f"{args.preset}, noiser {args.noiser}, crops of {args.max_length}, micro-batch "
     header += f"{args.micro_batch}, {torch.get_num_threads()} thread(s); ms per encoder update"
-    rows, noisers = [], []
-    try:
-        with stopping_on_signals(), tempfile.TemporaryDirectory() as tmp:
-            for mode in args.modes:
-                rows.append(profile_mode(args, mode, Path(tmp) / mode))
-                print(table(rows[-1:], ["mode", *COLUMNS, "total"]), flush=True)
-            batch = next(iter(build(args, "random", Path(tmp) / "batch").stream))
-            noisers = noiser_rows(args, batch)
-    except Stopped as stop:  # the modes profiled so far are written, marked as a part
-        if args.json and rows:
-            write_rows(args.json, header + " (stopped early)", rows, noisers)
-        kept = f"the modes profiled are in {args.json}" if args.json and rows else ""
-        raise Stopped(stop.signum, kept or "nothing was kept") from None
+    rows = []
+    with StopSignals() as stops, tempfile.TemporaryDirectory() as tmp:
+        for mode in args.modes:
+            rows.append(profile_mode(args, mode, Path(tmp) / mode))
+            print(table(rows[-1:], ["mode", *COLUMNS, "total"]), flush=True)
+            if stops.received:  # a stop signal ends the run after the mode in progress
+                kept = "nothing was kept"
+                if args.json:  # the modes profiled so far, marked as a part
+                    write_rows(args.json, header + " (stopped early)", rows, [])
+                    kept = f"the modes profiled are in {args.json}"
+                raise Stopped(stops.received, kept)
+        batch = next(iter(build(args, "random", Path(tmp) / "batch").stream))
+    noisers = noiser_rows(args, batch)
     print(f"\n{header}\n\n{table(rows, ['mode', *COLUMNS, 'total', 'weight_share'])}\n")
     print(table(noisers, ["noiser", "preset", "parameters", "ms_forward_backward"]))
     if args.json:
