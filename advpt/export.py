@@ -39,7 +39,7 @@ from advpt.models.exports import save_export
 from advpt.models.hf_esm import save_hf_esm
 from advpt.models.tape import save_tape
 from advpt.models.weights import CONFIG_FILE, encoder_of
-from advpt.training.checkpoints.consolidate import load_model
+from advpt.training.checkpointing.consolidate import load_model
 
 Model = MaskedLanguageModel | Encoder
 

@@ -57,7 +57,7 @@ from advpt.tasks import (  # noqa: E402
     score,
     task_spec,
 )
-from advpt.training.checkpoints.consolidate import load_encoder  # noqa: E402
+from advpt.training.checkpointing.consolidate import load_encoder  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
 from advpt.training.engines.batch_layout import BatchLayout  # noqa: E402
 from advpt.training.engines.engine import (  # noqa: E402

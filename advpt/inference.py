@@ -24,7 +24,7 @@ from advpt.command import DEBUG_HELP
 from advpt.errors import CheckpointError, ConfigError, OutputError
 from advpt.models.encoder import Encoder, MaskedLanguageModel
 from advpt.models.weights import encoder_of
-from advpt.training.checkpoints.consolidate import load_model
+from advpt.training.checkpointing.consolidate import load_model
 
 SPECIAL_TOKENS = 2  # <cls> before a sequence's residues and <eos> (TAPE's <sep>) after them
 

@@ -1,11 +1,11 @@
 """Reading files that others wrote: tensors and plain data only, any fault one sentence.
 
-Every weight advpt reads comes through here: run checkpoints (``advpt.training.checkpoints.store``,
-which passes DeepSpeed's few classes to admit), advpt exports, TAPE and Hugging Face
-directories (``advpt.models``). Nothing read is unpickled beyond tensors and plain data, no
-file outside a model directory is followed, and a weight file's tensors are checked finite, so
-that a damaged or crafted file is a :class:`~advpt.errors.CheckpointError` naming it.
-"""
+Every weight advpt reads comes through here: run checkpoints
+(``advpt.training.checkpointing.store``, which passes DeepSpeed's few classes to admit), advpt
+exports, TAPE and Hugging Face directories (``advpt.models``). Nothing read is unpickled beyond
+tensors and plain data, no file outside a model directory is followed, and a weight file's tensors
+are checked finite, so that a damaged or crafted file is a :class:`~advpt.errors.CheckpointError`
+naming it."""
 
 from __future__ import annotations
 

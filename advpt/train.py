@@ -22,7 +22,7 @@ from advpt.data.unigram import residue_counts, unigram_entropy  # noqa: E402
 from advpt.errors import EXIT_STOPPED, ConfigError, OutputError, ReportError  # noqa: E402
 from advpt.training import distributed  # noqa: E402
 from advpt.training.build import build_trainer  # noqa: E402
-from advpt.training.checkpoints.store import checkpoint_tag  # noqa: E402
+from advpt.training.checkpointing.store import checkpoint_tag  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
 from advpt.training.preemption import StopSignals  # noqa: E402
 from advpt.training.reporting.summary import report_run  # noqa: E402

@@ -21,7 +21,7 @@ import torch
 
 from advpt.errors import CheckpointError
 from advpt.models import ENCODER_PRESETS
-from advpt.training.checkpoints import store
+from advpt.training.checkpointing import store
 from tests.helpers import REPO, build_tiny_trainer, child_env, run_in_process, tiny_run_args
 
 MODEL_FILE = "mp_rank_00_model_states.pt"
@@ -240,7 +240,7 @@ def test_disk_full_during_a_save_removes_it_and_keeps_the_previous_one(tmp_path,
 
 
 def test_pretrained_run_with_a_damaged_newest_checkpoint_is_one_sentence(saved, tmp_path):
-    from advpt.training.checkpoints.consolidate import load_encoder
+    from advpt.training.checkpointing.consolidate import load_encoder
 
     run_dir = Path(shutil.copytree(saved.run_dir, tmp_path / "run"))
     assert load_encoder(run_dir).cfg.hidden_size == 32
@@ -281,7 +281,7 @@ def test_enum_members_pickled_by_name_load_and_nothing_else_does(tmp_path):
 
 
 def test_trainer_states_of_older_formats_are_read_as_todays():
-    from advpt.training.checkpoints.migrate import migrate
+    from advpt.training.checkpointing.migrate import migrate
     from advpt.training.schedule import JOINT, AlternatingSchedule, SimultaneousSchedule
 
     # written by two ranks before the layout and joint_every were recorded

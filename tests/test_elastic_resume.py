@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from advpt.training.checkpoints.consolidate import load_encoder
+from advpt.training.checkpointing.consolidate import load_encoder
 from tests.helpers import launch, read_metrics, run_module, write_ds_config
 
 pytestmark = pytest.mark.slow

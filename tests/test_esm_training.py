@@ -19,7 +19,7 @@ from advpt.models import MaskedLanguageModel
 from advpt.models.exports import load_masked_lm
 from advpt.tokenizer import ESM
 from advpt.train import main as train_main
-from advpt.training.checkpoints.consolidate import load_model
+from advpt.training.checkpointing.consolidate import load_model
 from tests.helpers import build_tiny_trainer, save_tiny_esm, tiny_run_args
 from tests.test_finetune import finetune_args, write_task
 

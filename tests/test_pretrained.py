@@ -18,7 +18,7 @@ from advpt.export import main as export_main
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, ProteinEncoder
 from advpt.models.exports import load_export, save_export
 from advpt.tokenizer import TAPE
-from advpt.training.checkpoints.consolidate import load_encoder
+from advpt.training.checkpointing.consolidate import load_encoder
 from tests.helpers import REPO, pretrain_tiny
 
 ZERO_CONFIGS = {

@@ -26,9 +26,9 @@ from advpt.errors import CheckpointError, ConfigError
 from advpt.models import ENCODER_PRESETS, EncoderConfig, MaskedLanguageModel, build_noiser
 from advpt.models.encoder import check_max_length
 from advpt.tokenizer import Vocabulary
-from advpt.training.checkpoints.checkpointer import Checkpointer
-from advpt.training.checkpoints.consolidate import load_model
-from advpt.training.checkpoints.store import model_identity
+from advpt.training.checkpointing.checkpointer import Checkpointer
+from advpt.training.checkpointing.consolidate import load_model
+from advpt.training.checkpointing.store import model_identity
 from advpt.training.engines.batch_layout import BatchLayout
 from advpt.training.engines.compilation import compile_engine
 from advpt.training.engines.engine import build_engine, load_ds_config, read_ds_config

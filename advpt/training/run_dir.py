@@ -11,7 +11,7 @@ A pre-training run (``advpt.train``) writes::
     tensorboard/            the trackers' files (``advpt.training.reporting.trackers``):
     metrics.csv, wandb/,      TensorBoard, CSV, W&B, MLflow, and the W&B and MLflow run ids
     mlflow.db, trackers.json
-    checkpoints/            the engines' checkpoints (``advpt.training.checkpoints.store``)
+    checkpoints/            the engines' checkpoints (``advpt.training.checkpointing.store``)
     report.png              the plot of ``python -m advpt.report``
     .lock                   held by the running job (``advpt.training.run_lock``)
 

@@ -20,7 +20,7 @@ runs need no further state.
 
 What each phase maximises or minimises is ``advpt.training.objective``; which engines it trains and
 what it is logged as, ``advpt.training.phases``; the batch, ``advpt.training.engines.batch_layout``;
-when a save is due and what it holds, ``advpt.training.checkpoints.checkpointer``; every run-level
+when a save is due and what it holds, ``advpt.training.checkpointing.checkpointer``; every run-level
 fact, ``advpt.training.plan``. This module is the loop around them, read top to bottom: ``train``
 runs ``_train_step`` (one ``optimizer_step``, then the logging, validation and saving that fall
 due); an optimizer step is one accumulation window of ``micro_step`` calls, each the phase's
@@ -44,7 +44,7 @@ from advpt.data.stream import MicroBatches, ValidationBatches, stream_loader
 from advpt.errors import NonFiniteError
 from advpt.models.encoder import MLMOutput
 from advpt.training import distributed
-from advpt.training.checkpoints.checkpointer import Checkpointer
+from advpt.training.checkpointing.checkpointer import Checkpointer
 from advpt.training.counters import Counters
 from advpt.training.engines.batch_layout import BatchLayout
 from advpt.training.engines.compilation import describe_compile_time

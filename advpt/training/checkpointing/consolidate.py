@@ -29,7 +29,7 @@ from advpt.models.hf_esm import is_hf_esm_dir, load_hf_esm
 from advpt.models.tape import TAPE_WEIGHTS, load_tape
 from advpt.models.weights import EXPORT_WEIGHTS, encoder_of, load_into
 from advpt.safe_load import State, check_finite, load_weights_only, read_json
-from advpt.training.checkpoints.store import (
+from advpt.training.checkpointing.store import (
     DEEPSPEED_STATE_CLASSES,
     complete_latest,
     recorded_encoder,

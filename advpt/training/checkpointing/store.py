@@ -28,7 +28,7 @@ DeepSpeed's optimizer states are admitted), and the model settings and shapes eq
 damaged checkpoint is passed over for the previous complete one with a warning naming the damage; a
 different model is refused. A checkpoint resumes on any number of ranks: the weights, LR schedules
 and trainer state are rank-independent, ZeRO's partitioned optimizer state is re-sharded
-(``advpt.training.checkpoints.reshard``), and the data position is the job's global count of
+(``advpt.training.checkpointing.reshard``), and the data position is the job's global count of
 micro-batches (``advpt.data.stream``).
 """
 
@@ -55,7 +55,7 @@ from advpt.errors import CheckpointError, first_line, shorten
 from advpt.models.encoder import ENCODER_PRESETS, EncoderConfig
 from advpt.safe_load import load_weights_only, read_json
 from advpt.training import distributed
-from advpt.training.checkpoints.reshard import (
+from advpt.training.checkpointing.reshard import (
     check_reshardable,
     load_partitioned_optimizer,
     partitioned,
@@ -427,7 +427,7 @@ def _rng_file(root: Path, tag: str, manifest: dict[str, Any]) -> Path:
 
 def complete_latest(root: Path) -> str:
     """The tag ``latest`` names, every file of it present as written: for reading a run's weights
-    (``advpt.training.checkpoints.consolidate``), which takes no other checkpoint in its place."""
+    (``advpt.training.checkpointing.consolidate``), which takes no other checkpoint in its place."""
     tag = latest_tag(root)
     if not tag:
         raise CheckpointError(f"{root} has no complete checkpoint ({root / LATEST} is missing)")
@@ -512,7 +512,7 @@ def load_checkpoint(root: Path, tag: str, engines: Engines) -> dict[str, Any]:
     returns the trainer state.
 
     On another number of ranks than wrote it, a partitioned optimizer's state is re-sharded
-    (``advpt.training.checkpoints.reshard``) and rank ``r`` takes the RNG state of rank ``r %
+    (``advpt.training.checkpointing.reshard``) and rank ``r`` takes the RNG state of rank ``r %
     saved``.
     """
     manifest = _read_manifest(root, tag)

@@ -4,7 +4,7 @@ Modelled on torchtitan's ``CheckpointManager``. The parts: the engines (weights,
 learning-rate schedule states), the counters (optimizer steps, training time and the stream
 position: the job's global count of micro-batches), the schedule's phase, the batch layout, each
 rank's RNG, and the settings the run trains with (``TrainConfig.training_settings``) with the
-history of their changes. ``advpt.training.checkpoints.store`` writes and validates the files; the
+history of their changes. ``advpt.training.checkpointing.store`` writes and validates the files; the
 checkpointer decides when a save is due and restores every part, checkpoints of older formats
 included (``migrate``). Its ``identity`` (``store.model_identity``) is what the manifest records as
 the model, and what a resumed run must match. A resumed run keeps the recorded training settings
@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from advpt.errors import CheckpointError
-from advpt.training.checkpoints import store
-from advpt.training.checkpoints.migrate import migrate
+from advpt.training.checkpointing import store
+from advpt.training.checkpointing.migrate import migrate
 from advpt.training.counters import Counters
 from advpt.training.engines.batch_layout import BatchLayout
 from advpt.training.plan import RunPlan
