@@ -46,6 +46,7 @@ from advpt.models.hf_esm import hf_config, hf_state
 from advpt.models.tape import save_tape
 from advpt.tokenizer import Vocabulary
 from advpt.training.engines.compilation import compile_forward, compile_seconds
+from advpt.utilization import FLOPS_FORMULA, encoder_flops, matmul_peak_tflops
 
 STANDARD = "ACDEFGHIKLMNPQRSTVWY"  # residues of the random sequences
 
@@ -241,15 +242,61 @@ def main(argv: list[str] | None = None) -> int:
         abs(loss - first[reference]) > tolerance * abs(first[reference]) for loss in first.values()
     ):
         raise SystemExit("the models disagree: the comparison would be void")
-    for name, fn in step.items():
-        for _ in range(args.warmup + name.endswith(" compiled")):
-            fn()
-    sync(device)
-    if args.compile:
-        print(f"compiling took {compile_seconds():.1f} s")
+    peak_tflops = matmul_peak_tflops(device)
+    flops = encoder_flops(
+        ENCODER_PRESETS[args.preset], args.batch * args.length, args.length, int(batch[2].sum())
+    )
+    result = {
+        "preset": args.preset, "batch": args.batch, "length": args.length,
+        "masking_rate": args.masking_rate, "dtype": args.dtype, "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "clock": args.clock,
+        "reference": reference, "matmul_peak_tflops": peak_tflops, "flops_per_step": flops,
+        "flops_formula": FLOPS_FORMULA, "ms_per_step": {}, "all_ms_per_step": {},
+        "tokens_per_s": {}, "mfu": {}, "peak_mem_gb": {},
+    }  # fmt: skip
+    print(
+        f"{args.preset}, batch {args.batch} x {args.length} tokens, masking {args.masking_rate}, "
+        f"{args.dtype}, {result['device_name']}, {result['threads']} threads, {args.clock} clock, "
+        f"matmul peak {peak_tflops:.4g} TFLOP/s"
+    )
+    # The eager pair, then the compiled pair (which compiles first): each pair in turns, and
+    # the results written after each, so that a run stopped while compiling keeps the first.
+    groups = [[name for name in step if name.endswith(" compiled") == compiled]
+              for compiled in (False, True)]  # fmt: skip
+    for group in filter(None, groups):
+        for name in group:
+            for _ in range(args.warmup + name.endswith(" compiled")):
+                step[name]()
+        sync(device)
+        if group is groups[1]:
+            result["compile_seconds"] = compile_seconds()
+            print(f"compiling took {result['compile_seconds']:.1f} s")
+        times = time_in_turns({name: step[name] for name in group}, args, clock, device, result)
+        for name in group:
+            ms = result["ms_per_step"][name] = statistics.median(times[name])
+            result["all_ms_per_step"][name] = times[name]
+            result["tokens_per_s"][name] = args.batch * args.length / (ms / 1e3)
+            result["mfu"][name] = flops / (ms / 1e3) / 1e12 / peak_tflops
+            spread = f"{min(times[name]):.1f}-{max(times[name]):.1f}"
+            rate, mfu = result["tokens_per_s"][name], 100 * result["mfu"][name]
+            print(
+                f"  {name:<22} {ms:9.1f} ms/step (rounds {spread})  {rate:10.0f} tokens/s  "
+                f"MFU {mfu:.1f}%"
+            )
+        key, suffix = ("speedup", "") if group is groups[0] else ("compiled_speedup", " compiled")
+        median = result["ms_per_step"]
+        result[key] = median[f"{reference}{suffix}"] / median[f"advpt{suffix}"]
+        print(f"  speedup of advpt{', both compiled' if suffix else ''}: {result[key]:.2f}x")
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
 
+
+def time_in_turns(step, args, clock, device, result) -> dict[str, list[float]]:
+    """``--rounds`` rounds in which each model of ``step`` times ``--steps`` steps in turn: ms
+    per step, per round; the peak GPU memory of each goes into ``result``."""
     times: dict[str, list[float]] = {name: [] for name in step}
-    peak: dict[str, float] = {}
     for _ in range(args.rounds):
         for name, fn in step.items():
             if device.type == "cuda":
@@ -260,39 +307,8 @@ def main(argv: list[str] | None = None) -> int:
             sync(device)
             times[name].append((clock() - start) / args.steps * 1e3)
             if device.type == "cuda":
-                peak[name] = torch.cuda.max_memory_allocated(device) / 2**30
-
-    median = {name: statistics.median(t) for name, t in times.items()}
-    tokens = args.batch * args.length
-    result = {
-        "preset": args.preset, "batch": args.batch, "length": args.length,
-        "masking_rate": args.masking_rate, "dtype": args.dtype, "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "threads": torch.get_num_threads(), "torch": torch.__version__, "clock": args.clock,
-        "ms_per_step": median, "all_ms_per_step": times,
-        "tokens_per_s": {name: tokens / (ms / 1e3) for name, ms in median.items()},
-        "peak_mem_gb": peak or None,
-        "reference": reference, "speedup": median[reference] / median["advpt"],
-    }  # fmt: skip
-    if args.compile:
-        result["compiled_speedup"] = median[f"{reference} compiled"] / median["advpt compiled"]
-        result["compile_seconds"] = compile_seconds()
-    print(
-        f"{args.preset}, batch {args.batch} x {args.length} tokens, masking {args.masking_rate}, "
-        f"{args.dtype}, {result['device_name']}, {result['threads']} threads, {args.clock} clock"
-    )
-    for name in step:
-        spread = f"{min(times[name]):.1f}-{max(times[name]):.1f}"
-        print(
-            f"  {name:<22} {median[name]:9.1f} ms/step (rounds {spread})  "
-            f"{result['tokens_per_s'][name]:10.0f} tokens/s"
-        )
-    print(f"  speedup of advpt: {result['speedup']:.2f}x")
-    if args.compile:
-        print(f"  speedup of advpt, both compiled: {result['compiled_speedup']:.2f}x")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+                result["peak_mem_gb"][name] = torch.cuda.max_memory_allocated(device) / 2**30
+    return times
 
 
 if __name__ == "__main__":

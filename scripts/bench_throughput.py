@@ -26,20 +26,19 @@ micro-batch, ZeRO stage and global batch, measured in the same process, in the s
 (``advpt.variants.VARIANTS``): ``random``, ``alternating`` (the paper's schedule), ``simultaneous``
 (one joint pass per step), ``importance`` and the others. A mode with a random-only warm-up
 (``context-warmup``) is timed after it (``--noiser_start_at 0``): the warm-up's steps are random
-MLM's, timed in that row. A row's ``phases`` counts the timed optimizer steps of each phase.
-``peak_mem_gb`` is the most GPU memory allocated during the timed updates (on a CPU: the process's
-peak resident memory so far). A combination that runs out of GPU memory gives a row with
-``oom: true``.
+MLM's, timed in that row. A row's ``phases`` counts the timed optimizer steps of each phase,
+``phase_ms`` the milliseconds per encoder update spent in each (CUDA events on a GPU, so no host
+sync is added), and ``adversary_share`` is ``1 - 1 / cost_vs_random``: the share of the mode's
+step that goes to what random MLM does not do (the noiser, the sampler, the noiser phases'
+encoder passes). ``peak_mem_gb`` is the most GPU memory allocated during the timed updates (on a
+CPU: the process's peak resident memory so far). A combination that runs out of GPU memory gives
+a row with ``oom: true``. ``--adam`` picks the AdamW implementation of both engines' DeepSpeed
+configs (``torch``, ``torch-fused``, ``deepspeed``: FusedAdam, compiled on first use).
 
-Encoder FLOPs per encoder update (forward + backward, useful work only)::
-
-    6 * N_body * T  +  12 * layers * H * L * T  +  6 * (H * H + H * V) * M
-
-with ``N_body`` the transformer-layer parameters, ``T`` non-padding tokens, ``L`` the padded
-length of each micro-batch, ``M`` masked positions (the MLM head runs there only); activation
-checkpointing's recomputation is not counted. MFU divides the achieved rate by a matmul peak
-measured on the same device at the start of the run (bf16 on a GPU; on a CPU the better of bf16
-and fp32).
+Encoder FLOPs per encoder update are ``advpt.utilization.FLOPS_FORMULA`` (forward + backward,
+useful work only; activation checkpointing's recomputation is not counted). MFU divides the
+achieved rate by a matmul peak measured on the same device at the start of the run (bf16 on a
+GPU; on a CPU the better of bf16 and fp32).
 
 ``--find_max_micro_batch`` times nothing: for each ``--checkpointing`` value it finds the largest
 micro-batch of full-length sequences (every row ``--max_length`` tokens, no padding) for which a
@@ -88,17 +87,17 @@ from advpt.models import ENCODER_PRESETS, NOISER_PRESETS  # noqa: E402
 from advpt.models.encoder import check_max_length  # noqa: E402
 from advpt.training.build import build_trainer  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
-from advpt.training.engines.engine import simple_ds_config  # noqa: E402
+from advpt.training.engines.engine import ADAM_IMPLEMENTATIONS, simple_ds_config  # noqa: E402
 from advpt.training.phases import PHASES  # noqa: E402
 from advpt.training.preemption import StopSignals  # noqa: E402
 from advpt.training.run_dir import write_atomically  # noqa: E402
 from advpt.training.schedule import ENCODER  # noqa: E402
+from advpt.utilization import FLOPS_FORMULA, encoder_flops, matmul_peak_tflops  # noqa: E402
 from advpt.variants import VARIANTS  # noqa: E402
 
-FLOPS_FORMULA = "6 * N_body * T + 12 * layers * H * L * T + 6 * (H * H + H * V) * M"
-
 FIELDS = (
-    "mode", "precision", "checkpointing", "zero", "micro_batch", "global_batch", "samples_per_s",
+    "mode", "precision", "checkpointing", "zero", "adam", "micro_batch", "global_batch",
+    "samples_per_s",
     "tokens_per_s", "encoder_tflops", "mfu", "peak_mem_gb", "padding_fraction", "cost_vs_random",
     "ms_per_encoder_update",
 )  # fmt: skip
@@ -109,39 +108,6 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def matmul_peak_tflops(device: torch.device) -> float:
-    """Best matmul rate (TFLOP/s) over a few square sizes, measured here and now.
-
-    bf16 on a GPU. On a CPU the best of bf16 and fp32: without bf16 units (AMX) a CPU runs
-    bf16 matmuls far below its fp32 rate, and MFU against that would exceed 1.
-    """
-    cuda = device.type == "cuda"
-    sizes = (4096, 8192) if cuda else (512, 1024)
-    dtypes = (torch.bfloat16,) if cuda else (torch.bfloat16, torch.float32)
-    best = 0.0
-    for n, dtype in itertools.product(sizes, dtypes):
-        a = torch.randn(n, n, device=device, dtype=dtype)
-        b = torch.randn(n, n, device=device, dtype=dtype)
-        for _ in range(3):
-            a @ b
-        sync(device)
-        repeats = 20 if device.type == "cuda" else 3
-        start = time.perf_counter()
-        for _ in range(repeats):
-            a @ b
-        sync(device)
-        best = max(best, 2 * n**3 * repeats / (time.perf_counter() - start) / 1e12)
-    return best
-
-
-def body_parameters(preset: str) -> tuple[int, int, int]:
-    """(transformer-layer parameters, layers, hidden size) of an encoder preset."""
-    cfg = ENCODER_PRESETS[preset]
-    h, i = cfg.hidden_size, cfg.intermediate_size
-    per_layer = 4 * h * h + 4 * h + 2 * h * i + i + h + 4 * h  # attention, FFN, 2 LayerNorms
-    return per_layer * cfg.num_layers, cfg.num_layers, h
 
 
 def train_config(args, mode: str, checkpointing: int, work: Path) -> TrainConfig:
@@ -158,17 +124,17 @@ def train_config(args, mode: str, checkpointing: int, work: Path) -> TrainConfig
 
 
 def build(args, mode: str, cell: dict, work: Path, device: torch.device):
-    """The trainer of one combination (``cell``: precision, checkpointing, micro, zero, global).
+    """The trainer of one combination (``cell``: precision, checkpointing, micro, zero, global,
+    adam).
 
     The noiser gets the encoder's micro-batch and accumulation, in fp32 at ZeRO 0 (the GRU
     stays in fp32, as in the shipped ds_configs/noiser/gpu.json).
     """
-    cuda = device.type == "cuda"
     work.mkdir(parents=True, exist_ok=True)
     for name in ("encoder", "noiser"):
         precision, zero = (cell["precision"], cell["zero"]) if name == "encoder" else ("fp32", 0)
         config = simple_ds_config(
-            cell["micro_batch"], cell["global_batch"], 1e-4, precision, zero, torch_adam=not cuda
+            cell["micro_batch"], cell["global_batch"], 1e-4, precision, zero, cell["adam"]
         )
         (work / f"{name}.json").write_text(json.dumps(config))
     return build_trainer(train_config(args, mode, cell["checkpointing"], work), device)
@@ -190,13 +156,27 @@ def peak_memory_gb(device: torch.device) -> float:
 
 def encoder_work(batch, preset: str) -> np.ndarray:
     """``[tokens, padded slots, sequences, encoder FLOPs]`` of a micro-batch of an encoder
-    update (``FLOPS_FORMULA``)."""
-    body, layers, hidden = body_parameters(preset)
-    vocab_size = ENCODER_PRESETS[preset].vocab_size
+    update (``advpt.utilization.FLOPS_FORMULA``)."""
     tokens, (rows, length) = batch.num_tokens, batch.ids.shape
-    flops = 6.0 * body * tokens + 12.0 * layers * hidden * length * tokens
-    flops += 6.0 * (hidden * hidden + hidden * vocab_size) * batch.num_masked
+    flops = encoder_flops(ENCODER_PRESETS[preset], tokens, length, batch.num_masked)
     return np.array([tokens, rows * length, rows, flops], dtype=np.float64)
+
+
+class Clock:
+    """A point in the device's time: a recorded CUDA event on a GPU (no host sync; read after
+    one), the host's clock on a CPU."""
+
+    def __init__(self, device: torch.device):
+        if device.type == "cuda":
+            self.event = torch.cuda.Event(enable_timing=True)
+            self.event.record()
+        else:
+            self.event, self.seconds = None, time.perf_counter()
+
+    def ms_until(self, later: Clock) -> float:
+        if self.event is not None:
+            return self.event.elapsed_time(later.event)
+        return 1000.0 * (later.seconds - self.seconds)
 
 
 class Timed:
@@ -222,18 +202,21 @@ class Timed:
             self.taken.append(batch)
             yield batch
 
-    def _run(self, encoder_updates: int) -> tuple[np.ndarray, Counter]:
+    def _run(self, encoder_updates: int) -> tuple[np.ndarray, Counter, list]:
         """Optimizer steps until ``encoder_updates`` more encoder updates: the work of those
-        updates (``encoder_work``) and the optimizer steps of each phase."""
+        updates (``encoder_work``), the optimizer steps of each phase, and ``(phase, clock)``
+        after each step, after a first ``(None, clock)`` (:class:`Clock`: no host sync)."""
         trainer, done, phases = self.trainer, np.zeros(4), Counter()
         stop = trainer.counters.encoder_step + encoder_updates
+        clocks = [(None, Clock(self.device))]
         while trainer.counters.encoder_step < stop:
             self.taken.clear()
             phase = trainer.optimizer_step(self.data)
+            clocks.append((phase, Clock(self.device)))
             phases[phase] += 1
             if "encoder" in PHASES[phase].trains:
                 done += sum(encoder_work(batch, self.args.preset) for batch in self.taken)
-        return done, phases
+        return done, phases, clocks
 
     def time(self) -> dict:
         """Time ``--steps`` encoder updates; returns a partial row."""
@@ -241,9 +224,12 @@ class Timed:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         start = time.perf_counter()
-        (tokens, slots, sequences, flops), phases = self._run(self.steps)
+        (tokens, slots, sequences, flops), phases, clocks = self._run(self.steps)
         sync(self.device)
         elapsed = time.perf_counter() - start
+        phase_ms: Counter = Counter()
+        for (_, before), (phase, after) in itertools.pairwise(clocks):
+            phase_ms[phase] += before.ms_until(after) / self.steps
         return {
             "samples_per_s": sequences / elapsed,
             "tokens_per_s": tokens / elapsed,
@@ -253,6 +239,7 @@ class Timed:
             "ms_per_encoder_update": 1000.0 * elapsed / self.steps,
             "encoder_updates": self.steps,
             "phases": dict(phases),  # the timed optimizer steps of each phase
+            "phase_ms": dict(phase_ms),  # ms per encoder update spent in each phase
         }
 
 
@@ -324,6 +311,8 @@ def timing_grid(args, peak: float, device: torch.device, tmp: Path, results: Res
                 ratios = [m / r for m, r in zip(ms, reference, strict=False)]
                 row["cost_vs_random"] = float(np.median(ratios)) if ratios else None
                 row["cost_range"] = [min(ratios), max(ratios)] if ratios else None
+                # the share of the step that the adversary (noiser, sampler, noiser phases) adds
+                row["adversary_share"] = 1.0 - 1.0 / row["cost_vs_random"] if ratios else None
             results.add(row)
         del timed
         release(device)
@@ -332,25 +321,28 @@ def timing_grid(args, peak: float, device: torch.device, tmp: Path, results: Res
 def cells(args) -> list[dict]:
     """The combinations of the command line, as ``build``'s ``cell`` dicts."""
     out = []
-    grid = itertools.product(args.precisions, args.checkpointing, args.micro_batches, args.zero)
-    for precision, checkpointing, micro, zero in grid:
+    grid = itertools.product(
+        args.precisions, args.checkpointing, args.micro_batches, args.zero, args.adam
+    )
+    for precision, checkpointing, micro, zero, adam in grid:
         global_batch = args.global_batch or micro
         out.append(
             dict(precision=precision, checkpointing=checkpointing, micro_batch=micro, zero=zero,
-                 global_batch=global_batch)
+                 global_batch=global_batch, adam=adam)
         )  # fmt: skip
     return out
 
 
 def full_length_batch(trainer, micro: int, max_length: int):
-    """``micro`` sequences of exactly ``max_length`` tokens (the longest records, cycled)."""
+    """``micro`` sequences of exactly ``max_length`` tokens (the longest crops of epoch 0,
+    cycled)."""
     view = trainer.stream.view
-    longest = np.argsort(-view.token_lengths, kind="stable")
-    if view.token_lengths[longest[0]] < max_length:
+    lengths = view.token_lengths(np.arange(len(view), dtype=np.int64), 0)
+    full = np.flatnonzero(lengths >= max_length)
+    if not len(full):
         raise ConfigError(f"--max_length {max_length}: no record of the data set is that long")
-    full = longest[: int((view.token_lengths >= max_length).sum())]
-    examples = [view.get(int(full[i % len(full)]), 0) for i in range(micro)]
-    return trainer.stream.collate(examples, 0)
+    items = full[np.arange(micro) % len(full)]
+    return trainer.stream.collate(view.examples(items, 0), 0)
 
 
 def fits(args, cell: dict, work: Path, device: torch.device) -> float | None:
@@ -400,7 +392,8 @@ def largest_fitting(probe, start: int, cap: int) -> tuple[int, bool, float | Non
 def find_max_micro_batch(args, device: torch.device, tmp: Path, results: Results) -> None:
     """The largest micro-batch that fits, per checkpointing value."""
     for checkpointing in args.checkpointing:
-        cell = dict(precision=args.precisions[0], checkpointing=checkpointing, zero=args.zero[0])
+        cell = dict(precision=args.precisions[0], checkpointing=checkpointing, zero=args.zero[0],
+                    adam=args.adam[0])  # fmt: skip
 
         def probe(micro: int, cell: dict = cell) -> float | None:
             sized = {**cell, "micro_batch": micro, "global_batch": micro}
@@ -426,10 +419,10 @@ def check(args, accelerator) -> None:
                 f"{accelerator.device_name()} accelerator does not support it (use {usable})"
             )
     if args.find_max_micro_batch:
-        if len(args.precisions) > 1 or len(args.zero) > 1:
+        if len(args.precisions) > 1 or len(args.zero) > 1 or len(args.adam) > 1:
             raise ConfigError(
-                "--find_max_micro_batch searches one precision and one ZeRO stage: give "
-                "--precisions and --zero one value each"
+                "--find_max_micro_batch searches one precision, ZeRO stage and AdamW: give "
+                "--precisions, --zero and --adam one value each"
             )
         if args.max_micro_batch < args.micro_batches[0]:
             raise ConfigError(
@@ -481,6 +474,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=non_negative, default=1, help="DataLoader workers")
     parser.add_argument("--data", default="bundled:proteome")
     parser.add_argument(
+        "--adam", nargs="+", choices=ADAM_IMPLEMENTATIONS, default=None,
+        help="AdamW implementations (default: torch-fused on a GPU, torch on a CPU, as the "
+        "shipped DeepSpeed configs); deepspeed compiles its op on first use",
+    )  # fmt: skip
+    parser.add_argument(
         "--find_max_micro_batch", action="store_true", help="search, don't time (see above)"
     )
     parser.add_argument("--max_micro_batch", type=positive, default=4096, help="the search's cap")
@@ -492,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     cuda = accelerator.device_name() == "cuda"
     args.noiser = args.noiser or ("tiny" if args.preset == "tiny" else "paper")
     args.precisions = args.precisions or (["bf16"] if cuda else ["fp32"])
+    args.adam = args.adam or ["torch-fused" if cuda else "torch"]
     check(args, accelerator)
 
     device = init_distributed()

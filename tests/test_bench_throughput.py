@@ -47,6 +47,11 @@ def test_every_mode_reports_every_field_and_times_the_phases_its_name_says(tmp_p
         assert row["cost_range"][0] <= row["cost_vs_random"] <= row["cost_range"][1], mode
         # a timing: its size is a benchmark figure (docs/benchmarks.md), not a property to test
         assert row["cost_vs_random"] > 0
+        assert row["adversary_share"] == pytest.approx(1 - 1 / row["cost_vs_random"])
+        # the phases' times are the step's, split: they add up to the time per update
+        assert set(row["phase_ms"]) == set(row["phases"]), mode
+        assert sum(row["phase_ms"].values()) == pytest.approx(row["ms_per_encoder_update"], 0.02)
+        assert row["adam"] == "torch"  # the CPU default, as the shipped CPU configs
     assert rows["random"]["cost_vs_random"] == 1.0
     assert "cost_vs_random" in result.stdout
     # whole cycles of the alternating schedule: --steps 2 rounds up to 10 encoder steps
@@ -131,7 +136,7 @@ def test_what_argparse_cannot_check_is_one_sentence_before_anything_is_measured(
         ([*search, "--max_micro_batch", "4"], "--max_micro_batch 4 is below the search's start, "
          "--micro_batches 8"),
         ([*search, "--precisions", "fp32", "bf16"], "--find_max_micro_batch searches one "
-         "precision and one ZeRO stage: give --precisions and --zero one value each"),
+         "precision, ZeRO stage and AdamW: give --precisions, --zero and --adam one value each"),
         (["--json", str(tmp_path)], f"--json {tmp_path} is a folder; name the file to write"),
     ]:  # fmt: skip
         assert bench.main([*TINY, *flags]) == 2

@@ -111,31 +111,40 @@ def _check_with_deepspeed(path: str, config: dict[str, Any]) -> None:
         raise ConfigError(f"DeepSpeed config {path} is rejected by DeepSpeed: {reason}") from None
 
 
+# AdamW implementations a DeepSpeed config can ask for: torch's (``torch_adam``; per-tensor
+# loops or, ``fused``, one kernel per step: nothing to compile) or DeepSpeed's own (FusedAdam on a
+# GPU, CPU Adam on a CPU: C++/CUDA ops compiled on first use, for minutes).
+ADAM_IMPLEMENTATIONS = ("torch", "torch-fused", "deepspeed")
+
+
 def simple_ds_config(
     micro: int,
     batch: int | None = None,
     lr: float = 1e-3,
     precision: str = "fp32",
     zero: int = 0,
-    torch_adam: bool = True,
+    adam: str = "torch",
 ) -> dict[str, Any]:
     """A DeepSpeed config for the scripts and tests: AdamW (weight decay 0.01), gradient
     clipping 1.0, ZeRO stage ``zero``, no console logging.
 
     ``batch`` is the global batch (default ``micro``: one rank, no accumulation), so the
     accumulation is ``batch / (micro x ranks)``. ``precision`` is fp32, bf16 or fp16 (dynamic
-    loss scaling). ``torch_adam`` uses torch's AdamW, so that no DeepSpeed op is compiled (on a
-    CPU, DeepSpeed's own Adam is a C++ op built on first use).
+    loss scaling). ``adam`` is one of ``ADAM_IMPLEMENTATIONS``.
     """
-    adam: dict[str, Any] = {"lr": lr, "weight_decay": 0.01}
-    if torch_adam:
-        adam["torch_adam"] = True
+    if adam not in ADAM_IMPLEMENTATIONS:
+        raise ValueError(f"adam must be one of {', '.join(ADAM_IMPLEMENTATIONS)}, not {adam!r}")
+    params: dict[str, Any] = {"lr": lr, "weight_decay": 0.01}
+    if adam != "deepspeed":
+        params["torch_adam"] = True
+    if adam == "torch-fused":
+        params["fused"] = True  # passed on to torch.optim.AdamW by DeepSpeed
     config: dict[str, Any] = {
         "train_batch_size": batch or micro,
         "train_micro_batch_size_per_gpu": micro,
         "gradient_clipping": 1.0,
         "zero_optimization": {"stage": zero},
-        "optimizer": {"type": "AdamW", "params": adam},
+        "optimizer": {"type": "AdamW", "params": params},
         "steps_per_print": 10**9,
     }
     if precision == "bf16":
