@@ -1,20 +1,22 @@
-"""The results of ``scripts/gpu_check.sh``: one JSON file per stage, one table for all of them.
+"""The results of ``scripts/gpu_check.sh``: one JSON file of everything, one table of figures.
 
-    python scripts/gpu_report.py collect STAGE RAW OUT [--rehearsal 0|1] [--merge]
+    python scripts/gpu_report.py collect RAW OUT [--rehearsal 0|1] [--previous FILE]
     python scripts/gpu_report.py render OUT
 
-``collect`` packs what a stage left in ``RAW`` (its steps, the benchmarks' JSON, the tests' JUnit
-XML, the quickstarts' metrics, the environment) into ``OUT/STAGE.json``, the one file to keep.
-``render`` reads every ``OUT/stage*.json`` and writes ``OUT/gpu_check.json`` (the stages and the
-figures) and ``OUT/gpu_check.md``: one row per figure of docs/benchmarks.md with its goal, the
-value measured, whether it meets the goal, and the exact command. A figure whose stage did not
-run, or whose step failed, reads "not measured" with the reason: nothing is estimated.
+``collect`` packs what the check left in ``RAW`` (its steps, the benchmarks' JSON, the tests'
+JUnit XML, the pre-training runs' metrics, the environment) into ``OUT/gpu_check.json``; with
+``--previous``, into an earlier run's results, whose steps this run's replace. ``render`` adds
+the figures to ``OUT/gpu_check.json`` and writes ``OUT/gpu_check.md``: one row per figure of
+docs/benchmarks.md with its goal, the value measured, whether it meets the goal, and the exact
+command. A figure whose step did not run, failed or was skipped reads "not measured" with the
+reason: nothing is estimated.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
@@ -24,13 +26,17 @@ from typing import Any
 
 from advpt.training.run_dir import RunDir
 
-STAGES = ("stage1", "stage2")
-# Goals of issue 15 and docs/benchmarks.md.
+RESULTS = "gpu_check.json"
+TABLE = "gpu_check.md"
+# The goals of issue 36 (docs/benchmarks.md).
 SAMPLER_CELL = (256, 512)  # batch x length of the sampler goal
 SAMPLER_SPEEDUP_GOAL = 20.0
 SAMPLER_FLOOR_GOAL = 3.0
-MFU_GOAL = 0.55
-COST_GOALS = {"alternating": 1.6, "simultaneous": 1.25}
+MFU_GOAL = 0.45  # tape-base, length 512, bf16
+ESM_MFU_GOAL = 0.60  # esm2_t33_650M: above BioNeMo's 59.2% on an A100
+ESM_SPEEDUP_GOAL = 2.0
+COST_GOALS = {"random-40": None, "alternating": 1.6, "simultaneous": None,
+              "sparse-simultaneous": 1.15}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- collect
@@ -56,45 +62,46 @@ def _tests(path: Path) -> dict[str, Any] | None:
     return {**counts, "failed": failed}
 
 
-def _quickstarts(raw: Path) -> dict[str, Any]:
-    """First and last logged losses, validation and throughput of each quickstart run."""
+def _pretraining(raw: Path) -> dict[str, Any]:
+    """Each pre-training run's logged encoder losses, last validation loss and throughput."""
     runs = {}
-    for run_dir in sorted(raw.glob("quickstart-*")):
+    for run_dir in sorted(raw.glob("pretrain-*")):
         metrics = RunDir(run_dir).metrics
-        records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-        losses = [r["encoder_loss"] for r in records if "encoder_loss" in r]
-        validation = [r for r in records if "val_loss" in r]
+        lines = metrics.read_text().splitlines() if metrics.is_file() else []
+        records = [json.loads(line) for line in lines if line.strip()]
+        validation = [r["val_loss"] for r in records if "val_loss" in r]
         speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
-        runs[run_dir.name.removeprefix("quickstart-")] = {
+        runs[run_dir.name.removeprefix("pretrain-")] = {
             "encoder_steps": max((r.get("encoder_step", 0) for r in records), default=0),
-            "first_loss": losses[0] if losses else None,
-            "last_loss": losses[-1] if losses else None,
-            "val_loss": validation[-1]["val_loss"] if validation else None,
+            "losses": [r["encoder_loss"] for r in records if "encoder_loss" in r],
+            "val_loss": validation[-1] if validation else None,
             "tokens_per_s": speeds[-1] if speeds else None,
         }
     return runs
 
 
-def collect(stage: str, raw: Path, out: Path, rehearsal: bool, merge: bool = False) -> Path:
-    """Pack ``raw`` into ``out/STAGE.json``; with ``merge``, into the results already there
-    (what this run measured replaces what they held of the same steps)."""
+def collect(raw: Path, out: Path, rehearsal: bool, previous: Path | None = None) -> Path:
+    """Pack ``raw`` into ``out/gpu_check.json``; with ``previous``, into those results (what
+    this run measured replaces what they held of the same steps)."""
     steps = [json.loads(line) for line in (raw / "steps.jsonl").read_text().splitlines()]
     result = {
-        "stage": stage,
         "rehearsal": rehearsal,
         "environment": _read_json(raw / "environment.json"),
         "steps": {step["name"]: step for step in steps},
         "tests": _tests(raw / "tests.xml"),
-        "quickstarts": _quickstarts(raw),
+        "pretraining": _pretraining(raw),
         "benchmarks": {path.stem: _read_json(path) for path in sorted(raw.glob("*.json"))
                        if path.stem != "environment"},
     }  # fmt: skip
-    path = out / f"{stage}.json"
-    if merge and path.is_file():
-        earlier = json.loads(path.read_text())
-        for key in ("steps", "quickstarts", "benchmarks"):
+    if previous is not None:
+        earlier = json.loads(previous.read_text())
+        if earlier["rehearsal"] != rehearsal:
+            raise SystemExit(f"--previous {previous}: a rehearsal and a GPU run do not mix")
+        for key in ("steps", "pretraining", "benchmarks"):
             result[key] = {**earlier[key], **result[key]}
         result["tests"] = result["tests"] or earlier["tests"]
+        result["earlier_environment"] = earlier["environment"]
+    path = out / RESULTS
     path.write_text(json.dumps(result, indent=2) + "\n")
     return path
 
@@ -104,24 +111,22 @@ def collect(stage: str, raw: Path, out: Path, rehearsal: bool, merge: bool = Fal
 
 @dataclass(frozen=True)
 class Figure:
-    """One row of the table: the stage and step that measure it, its name and goal, and the
-    function that reads ``(value, meets goal)`` off the stage's results."""
+    """One row of the table: the step that measures it, its name and goal, and the function that
+    reads ``(value, meets goal)`` off the results."""
 
-    stage: str
     step: str
     name: str
     goal: str
     measure: Callable[[dict[str, Any]], tuple[str, bool | None]]
 
-    def row(self, stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        row = {"figure": self.name, "goal": self.goal, "stage": self.stage, "meets_goal": None}
-        result = stages.get(self.stage)
-        if result is None:
-            return {**row, "value": f"not measured: {self.stage} has not run", "command": ""}
+    def row(self, result: dict[str, Any]) -> dict[str, Any]:
+        command = f"bash scripts/gpu_check.sh --only {self.step}"
+        row = {"figure": self.name, "goal": self.goal, "meets_goal": None, "command": command}
         step = result["steps"].get(self.step)
-        row["command"] = _command(self.stage, step or {"name": self.step})
         if step is None:
             return {**row, "value": f"not measured: step {self.step} not run"}
+        if step["status"] == "skipped":
+            return {**row, "value": "not measured: skipped, the deadline was near"}
         try:
             value, meets = self.measure(result)
         except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as error:
@@ -135,13 +140,11 @@ class Figure:
         return {**row, "value": value, "meets_goal": meets}
 
 
-def _command(stage: str, step: dict[str, Any] | None) -> str:
-    """The gpu_check.sh command that measures the figure again (its steps: STAGE.json)."""
-    return f"bash scripts/gpu_check.sh {stage}" + (f" --only {step['name']}" if step else "")
-
-
 def _bench(result: dict[str, Any], name: str) -> dict[str, Any]:
-    return result["benchmarks"][name]
+    bench = result["benchmarks"][name]
+    if bench is None:
+        raise ValueError(f"{name} wrote no results")
+    return bench
 
 
 def _settings(result: dict[str, Any], name: str) -> str:
@@ -165,22 +168,31 @@ def _tests_figure(result: dict[str, Any]) -> tuple[str, bool]:
     return value, bad == 0 and passed > 0
 
 
-def _quickstart_figure(name: str) -> Callable[[dict[str, Any]], tuple[str, bool]]:
+def _build_figure(result: dict[str, Any]) -> tuple[str, bool]:
+    step = result["steps"]["build_sampler"]
+    if step["status"] != "ok":
+        raise ValueError("the kernel did not build")
+    return f"built and loaded in {step['seconds']} s", True
+
+
+def _pretraining_figure(name: str) -> Callable[[dict[str, Any]], tuple[str, bool]]:
     def measure(result: dict[str, Any]) -> tuple[str, bool]:
-        run = result["quickstarts"][name]
+        run = result["pretraining"][name]
+        losses = run["losses"]
+        finite = all(math.isfinite(loss) for loss in losses) and run["val_loss"] is not None
+        finite = finite and math.isfinite(run["val_loss"])
         value = (
-            f"{run['encoder_steps']} encoder steps, loss {run['first_loss']:.3f} -> "
-            f"{run['last_loss']:.3f}, validation loss {run['val_loss']:.3f}, "
-            f"{run['tokens_per_s']:.0f} tokens/s"
+            f"{run['encoder_steps']} encoder steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
+            f"validation loss {run['val_loss']:.3f}, {run['tokens_per_s']:.0f} tokens/s"
         )
-        return value, run["last_loss"] == run["last_loss"] and run["val_loss"] is not None
+        return value, finite and losses[-1] < losses[0]
 
     return measure
 
 
 def _sampler_cell(result: dict[str, Any]) -> dict[str, Any]:
     batch, length = SAMPLER_CELL
-    rows = _bench(result, "sampler")
+    rows = _bench(result, "sampler_bench")
     fused = [r for r in rows if r["backend"] == "cuda"]
     if not fused:
         raise ValueError("the fused kernel did not run")
@@ -202,33 +214,64 @@ def _sampler_floor(result: dict[str, Any]) -> tuple[str, bool]:
 
 
 def _peak(result: dict[str, Any]) -> tuple[str, None]:
-    return f"{_bench(result, 'throughput_mfu')['matmul_peak_tflops']:.4g} TFLOP/s", None
+    return f"{_bench(result, 'throughput')['matmul_peak_tflops']:.4g} TFLOP/s", None
 
 
 def _mfu(result: dict[str, Any]) -> tuple[str, bool]:
-    rows = [r for r in _rows(result, "throughput_mfu", mode="random", checkpointing=0) if
-            "mfu" in r]  # fmt: skip
-    best = max(rows, key=lambda r: r["mfu"])
+    (row,) = _rows(result, "throughput", mode="random")
     value = (
-        f"{100 * best['mfu']:.1f}% ({_settings(result, 'throughput_mfu')}, "
-        f"{best['precision']}, micro-batch {best['micro_batch']}, ZeRO {best['zero']}: "
-        f"{best['encoder_tflops']:.4g} TFLOP/s)"
+        f"{100 * row['mfu']:.1f}% ({_settings(result, 'throughput')}, {row['precision']}, "
+        f"micro-batch {row['micro_batch']}, ZeRO {row['zero']}: "
+        f"{row['encoder_tflops']:.4g} TFLOP/s)"
     )
-    return value, best["mfu"] >= MFU_GOAL
+    return value, row["mfu"] >= MFU_GOAL
 
 
-def _cost(mode: str) -> Callable[[dict[str, Any]], tuple[str, bool]]:
-    def measure(result: dict[str, Any]) -> tuple[str, bool]:
-        (row,) = _rows(result, "throughput_cost", mode=mode)
-        (random,) = _rows(result, "throughput_cost", mode="random")
+def _cost(mode: str) -> Callable[[dict[str, Any]], tuple[str, bool | None]]:
+    def measure(result: dict[str, Any]) -> tuple[str, bool | None]:
+        (row,) = _rows(result, "throughput", mode=mode)
+        (random,) = _rows(result, "throughput", mode="random")
+        phases = ", ".join(f"{phase} {ms:.1f}" for phase, ms in row["phase_ms"].items())
         value = (
             f"{row['cost_vs_random']:.2f}x ({row['ms_per_encoder_update']:.1f} vs "
-            f"{random['ms_per_encoder_update']:.1f} ms per encoder update; "
-            f"{_settings(result, 'throughput_cost')}, micro-batch {row['micro_batch']})"
+            f"{random['ms_per_encoder_update']:.1f} ms per encoder update; adversary's share "
+            f"{100 * row['adversary_share']:.0f}%; ms per update by phase: {phases})"
         )
-        return value, row["cost_vs_random"] <= COST_GOALS[mode]
+        goal = COST_GOALS[mode]
+        return value, None if goal is None else row["cost_vs_random"] <= goal
 
     return measure
+
+
+def _esm(result: dict[str, Any]) -> dict[str, Any]:
+    return _bench(result, "esm_650m")
+
+
+def _esm_speedup(compiled: bool) -> Callable[[dict[str, Any]], tuple[str, bool]]:
+    def measure(result: dict[str, Any]) -> tuple[str, bool]:
+        bench = _esm(result)
+        suffix = " compiled" if compiled else ""
+        speedup = bench["compiled_speedup" if compiled else "speedup"]
+        ms = bench["ms_per_step"]
+        value = (
+            f"{speedup:.2f}x ({ms['advpt' + suffix]:.1f} vs {ms[bench['reference'] + suffix]:.1f}"
+            f" ms per step; {bench['preset']}, batch {bench['batch']} x {bench['length']}, "
+            f"{bench['dtype']})"
+        )
+        return value, speedup >= ESM_SPEEDUP_GOAL
+
+    return measure
+
+
+def _esm_mfu(result: dict[str, Any]) -> tuple[str, bool]:
+    bench = _esm(result)
+    mfu = bench["mfu"]
+    name = max((n for n in mfu if n.startswith("advpt")), key=lambda n: mfu[n])
+    value = (
+        f"{100 * mfu[name]:.1f}% ({name}; {bench['preset']}, batch {bench['batch']} x "
+        f"{bench['length']}, {bench['dtype']}; peak {bench['matmul_peak_tflops']:.4g} TFLOP/s)"
+    )
+    return value, mfu[name] >= ESM_MFU_GOAL
 
 
 def _max_batch(checkpointing: int) -> Callable[[dict[str, Any]], tuple[str, None]]:
@@ -242,54 +285,52 @@ def _max_batch(checkpointing: int) -> Callable[[dict[str, Any]], tuple[str, None
 
 
 def _zero_memory(result: dict[str, Any]) -> tuple[str, None]:
-    rows = _rows(result, "throughput_mfu", mode="random", checkpointing=0)
-    micro = min(r["micro_batch"] for r in rows)
-    parts = [
-        f"ZeRO {r['zero']}: {r['peak_mem_gb']:.1f} GB"
-        for r in sorted(rows, key=lambda r: r["zero"])
-        if r["micro_batch"] == micro and "peak_mem_gb" in r
-    ]
-    settings = _settings(result, "throughput_mfu")
-    return f"{', '.join(parts)} ({settings}, micro-batch {micro}, one device)", None
+    rows = sorted(_rows(result, "zero_memory"), key=lambda r: r["zero"])
+    parts = [f"ZeRO {r['zero']}: {r['peak_mem_gb']:.1f} GB" for r in rows if "peak_mem_gb" in r]
+    if not parts:
+        raise ValueError("no row measured")
+    settings = _settings(result, "zero_memory")
+    return f"{', '.join(parts)} ({settings}, micro-batch {rows[0]['micro_batch']})", None
 
 
-def _global_batch(result: dict[str, Any]) -> tuple[str, None]:
-    (row,) = _bench(result, "global_batch")["rows"]
-    return (
-        f"{row['tokens_per_s']:.0f} tokens/s, {row['samples_per_s']:.0f} sequences/s "
-        f"(micro-batch {row['micro_batch']} x {row['global_batch'] // row['micro_batch']}, "
-        f"MFU {100 * row['mfu']:.1f}%; {_settings(result, 'global_batch')})",
-        None,
-    )
+def _adam(result: dict[str, Any]) -> tuple[str, None]:
+    rows = _rows(result, "fused_adam")
+    parts = [f"{r['adam']} {r['ms_per_encoder_update']:.1f}" for r in rows if "adam" in r]
+    if len(parts) < 2:
+        raise ValueError("fewer than two optimizers timed")
+    return f"ms per encoder update: {', '.join(parts)} (micro-batch {rows[0]['micro_batch']})", None
 
 
 FIGURES = [
-    Figure("stage1", "cuda_tests", "CUDA tests (sampler kernel, masking, device dry run)",
-           "all pass", _tests_figure),
-    Figure("stage1", "quickstart_alternating_bf16", "GPU quickstart: alternating, bf16",
-           "runs, finite loss", _quickstart_figure("alternating_bf16")),
-    Figure("stage1", "quickstart_simultaneous_fp16", "GPU quickstart: simultaneous, fp16",
-           "runs, finite loss", _quickstart_figure("simultaneous_fp16")),
-    Figure("stage1", "quickstart_importance_bf16", "GPU quickstart: importance estimator, bf16",
-           "runs, finite loss", _quickstart_figure("importance_bf16")),
-    Figure("stage1", "sampler_bench", "fused sampler fwd+bwd vs reference, batch 256 x length 512",
-           f">= {SAMPLER_SPEEDUP_GOAL:.0f}x", _sampler_speedup),
-    Figure("stage1", "sampler_bench", "fused sampler vs its memory-traffic floor, 256 x 512",
-           f"<= {SAMPLER_FLOOR_GOAL:.0f}x", _sampler_floor),
-    Figure("stage2", "throughput_mfu", "bf16 matmul peak, measured in the same run", "-", _peak),
-    Figure("stage2", "throughput_mfu", "encoder step MFU (tape-base, length 512, bf16)",
+    Figure("build_sampler", "fused sampler kernel builds", "builds", _build_figure),
+    Figure("cuda_tests", "CUDA tests (sampler kernel vs reference, masking, device dry run "
+           "under the sync debug mode)", "all pass", _tests_figure),
+    Figure("pretrain_paper", "pre-training, the paper's setting (alternating), bf16, "
+           "tape-base, length 512", "loss falls, finite", _pretraining_figure("paper")),
+    Figure("pretrain_sparse_simultaneous", "pre-training, sparse-simultaneous, bf16, "
+           "tape-base, length 512", "loss falls, finite",
+           _pretraining_figure("sparse_simultaneous")),
+    Figure("throughput", "bf16 matmul peak, measured in the same process", "-", _peak),
+    Figure("throughput", "encoder step MFU (tape-base, length 512, bf16)",
            f">= {100 * MFU_GOAL:.0f}% of the measured peak", _mfu),
-    Figure("stage2", "throughput_cost", "cost_vs_random, alternating schedule",
-           f"<= {COST_GOALS['alternating']}x", _cost("alternating")),
-    Figure("stage2", "throughput_cost", "cost_vs_random, simultaneous schedule",
-           f"<= {COST_GOALS['simultaneous']}x", _cost("simultaneous")),
-    Figure("stage2", "max_micro_batch", "largest micro-batch, no activation checkpointing", "-",
+    *(Figure("throughput", f"cost_vs_random, {mode}", f"<= {goal}x" if goal else "-",
+             _cost(mode)) for mode, goal in COST_GOALS.items()),
+    Figure("esm_650m", "ESM-2 650M training step vs transformers, eager",
+           f">= {ESM_SPEEDUP_GOAL:.0f}x", _esm_speedup(False)),
+    Figure("esm_650m", "ESM-2 650M training step vs transformers, both compiled",
+           f">= {ESM_SPEEDUP_GOAL:.0f}x", _esm_speedup(True)),
+    Figure("esm_650m", "ESM-2 650M training step MFU (advpt)",
+           f">= {100 * ESM_MFU_GOAL:.0f}% (BioNeMo: 59.2% on an A100)", _esm_mfu),
+    Figure("sampler_bench", "fused sampler fwd+bwd vs reference, batch 256 x length 512",
+           f">= {SAMPLER_SPEEDUP_GOAL:.0f}x", _sampler_speedup),
+    Figure("sampler_bench", "fused sampler vs its memory-traffic floor, 256 x 512",
+           f"<= {SAMPLER_FLOOR_GOAL:.0f}x", _sampler_floor),
+    Figure("zero_memory", "peak memory at ZeRO 0 and 2", "-", _zero_memory),
+    Figure("max_micro_batch", "largest micro-batch, no activation checkpointing", "-",
            _max_batch(0)),
-    Figure("stage2", "max_micro_batch", "largest micro-batch, activation checkpointing", "-",
+    Figure("max_micro_batch", "largest micro-batch, activation checkpointing", "-",
            _max_batch(1)),
-    Figure("stage2", "throughput_mfu", "peak memory at ZeRO 0 and 2", "-", _zero_memory),
-    Figure("stage2", "global_batch", "throughput at a 4,096-sequence global batch", "-",
-           _global_batch),
+    Figure("fused_adam", "DeepSpeed FusedAdam vs torch fused AdamW", "-", _adam),
 ]  # fmt: skip
 
 
@@ -298,56 +339,56 @@ def _verdict(meets: bool | None) -> str:
 
 
 def render(out: Path) -> tuple[Path, Path]:
-    stages = {s: json.loads((out / f"{s}.json").read_text()) for s in STAGES
-              if (out / f"{s}.json").is_file()}  # fmt: skip
-    figures = [figure.row(stages) for figure in FIGURES]
-    combined = out / "gpu_check.json"
-    combined.write_text(json.dumps({"stages": stages, "figures": figures}, indent=2) + "\n")
+    path = out / RESULTS
+    if not path.is_file():
+        raise SystemExit(f"{path} does not exist: run bash scripts/gpu_check.sh first")
+    result = json.loads(path.read_text())
+    result["figures"] = [figure.row(result) for figure in FIGURES]
+    path.write_text(json.dumps(result, indent=2) + "\n")
 
     lines = ["# gpu_check results", ""]
-    if any(result["rehearsal"] for result in stages.values()):
+    if result["rehearsal"]:
         lines += ["**A rehearsal on the CPU with tiny sizes: these are not GPU figures.**", ""]
-    for stage, result in stages.items():
-        env = result["environment"] or {}
-        lines.append(
-            f"- {stage}: {env.get('device', '?')}, torch {env.get('torch', '?')} (CUDA "
-            f"{env.get('cuda', '-')}), deepspeed {env.get('deepspeed', '?')}, advpt "
-            f"{env.get('commit', '?')}, {env.get('date', '?')}"
-        )
-    lines += ["", "| figure | goal | measured | meets goal | command |"]
+    for key in ("environment", "earlier_environment"):
+        env = result.get(key) or {}
+        if env:
+            lines.append(
+                f"- {'this run' if key == 'environment' else 'earlier run'}: "
+                f"{env.get('device', '?')}, torch {env.get('torch', '?')} (CUDA "
+                f"{env.get('cuda', '-')}), deepspeed {env.get('deepspeed', '?')}, "
+                f"transformers {env.get('transformers', '?')}, advpt {env.get('commit', '?')}, "
+                f"{env.get('date', '?')}"
+            )
+    steps = ", ".join(f"{s['name']} {s['status']} ({s['seconds']} s)"
+                      for s in result["steps"].values())  # fmt: skip
+    lines += [f"- steps: {steps}", "", "| figure | goal | measured | meets goal | command |"]
     lines.append("| --- | --- | --- | --- | --- |")
-    for row in figures:
-        cells = (
-            row["figure"],
-            row["goal"],
-            row["value"],
-            _verdict(row["meets_goal"]),
-            f"`{row['command']}`" if row["command"] else "",
-        )
+    for row in result["figures"]:
+        cells = (row["figure"], row["goal"], row["value"], _verdict(row["meets_goal"]),
+                 f"`{row['command']}`")  # fmt: skip
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
-    table = out / "gpu_check.md"
+    table = out / TABLE
     table.write_text("\n".join(lines) + "\n")
-    return combined, table
+    return path, table
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    pack = commands.add_parser("collect", help="pack one stage's results into OUT/STAGE.json")
-    pack.add_argument("stage", choices=STAGES)
+    pack = commands.add_parser("collect", help="pack one run's results into OUT/gpu_check.json")
     pack.add_argument("raw", type=Path)
     pack.add_argument("out", type=Path)
     pack.add_argument("--rehearsal", type=int, choices=(0, 1), default=0)
-    pack.add_argument("--merge", action="store_true", help="into the stage's earlier results")
-    table = commands.add_parser("render", help="gpu_check.json and gpu_check.md from OUT")
+    pack.add_argument("--previous", type=Path, help="an earlier gpu_check.json to merge into")
+    table = commands.add_parser("render", help="the figures and gpu_check.md from OUT")
     table.add_argument("out", type=Path)
     args = parser.parse_args(argv)
     if args.command == "collect":
-        print(f"wrote {collect(args.stage, args.raw, args.out, bool(args.rehearsal), args.merge)}")
+        print(f"wrote {collect(args.raw, args.out, bool(args.rehearsal), args.previous)}")
     else:
-        combined, table_path = render(args.out)
+        results, table_path = render(args.out)
         print(table_path.read_text())
-        print(f"wrote {combined} and {table_path}")
+        print(f"wrote {results} and {table_path}")
     return 0
 
 

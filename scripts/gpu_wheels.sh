@@ -12,6 +12,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 DIR="${1:-wheels}"
+# advpt's environment: an active one, else the .venv the setup scripts make, else python3
+if [ -z "${PYTHON:-}" ] && [ -z "${VIRTUAL_ENV:-}" ] && [ -x .venv/bin/python ]; then
+    PYTHON=.venv/bin/python
+fi
 PYTHON="${PYTHON:-python3}"
 WHEEL_PYTHON="${WHEEL_PYTHON:-3.12}"
 mapfile -t PINS < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' -e 's/[[:space:]]//g' scripts/gpu_wheels.txt)

@@ -15,10 +15,7 @@ compile with SIMD in the same process that finds its kernels in inductor's on-di
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -29,7 +26,7 @@ from advpt.errors import ConfigError
 from advpt.training.engines.compilation import compiled_part
 from advpt.training.phases import PHASES
 from advpt.training.schedule import ENCODER, JOINT, NOISER, RANDOM
-from tests.helpers import REPO, build_tiny_trainer, child_env
+from tests.helpers import build_tiny_trainer
 
 pytestmark = pytest.mark.usefixtures("distributed", "one_thread")
 
@@ -162,17 +159,3 @@ def test_compile_refuses_zero_3(tmp_path):
         ConfigError, match=r"--compile cannot run under ZeRO stage 3 .*encoder\.json"
     ):
         build_tiny_trainer(tmp_path, "--compile", zero_optimization={"stage": 3})
-
-
-@pytest.mark.slow
-def test_speed_benchmark_times_compiled_rows(tmp_path):
-    """scripts/bench_esm.py --compile at a tiny size, one step: advpt and transformers' model,
-    eager and compiled the same way, agree on the loss and are all timed."""
-    out = tmp_path / "bench.json"
-    command = [sys.executable, "scripts/bench_esm.py", "--preset", "esm2_tiny", "--batch", "2"]
-    command += ["--length", "24", "--steps", "1", "--rounds", "1", "--warmup", "0", "--compile"]
-    subprocess.run([*command, "--json", str(out)], cwd=REPO, env=child_env(), check=True)
-    result = json.loads(out.read_text())
-    rows = ["advpt", "transformers", "advpt compiled", "transformers compiled"]
-    assert sorted(result["ms_per_step"]) == sorted(rows)
-    assert result["compiled_speedup"] > 0 and result["compile_seconds"] > 0

@@ -347,3 +347,20 @@ def test_fused_takes_half_scores_and_computes_in_float32(seed: int):
     assert y.dtype == torch.float32 and leaf.grad.dtype == torch.bfloat16
     expected = relaxed_subset_sample(leaf.detach(), eligible, k, gumbel=gumbel, backend="torch")
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-6)
+
+
+@needs_gpu
+def test_fused_sampler_makes_no_host_sync(seed: int):
+    """Forward and backward of the kernel, as the training step calls it (``max_k`` known), under
+    ``torch.cuda.set_sync_debug_mode("error")``: a device-to-host sync raises."""
+    scores, gumbel, eligible, k = cuda_rows(8, 512)
+    max_k, leaf = int(k.max()), scores.clone().requires_grad_()
+    grad_y = torch.randn_like(scores)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y = relaxed_subset_sample(leaf, eligible, k, 1.0, gumbel, max_k=max_k, backend="cuda")
+        y.backward(grad_y)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(leaf.grad).all()
