@@ -131,9 +131,16 @@ REFERENCES = {
 }
 
 
-def build(preset: str, device: torch.device, compiled: bool = False, lr: float = 1e-4):
+def build(
+    preset: str,
+    device: torch.device,
+    compiled: bool = False,
+    backend: str | None = None,
+    lr: float = 1e-4,
+):
     """advpt's model and the reference with equal weights, each with its own AdamW; with
-    ``compiled``, a compiled copy of each too (``<name> compiled``)."""
+    ``compiled``, a copy of each compiled by ``backend`` (default the accelerator's) too
+    (``<name> compiled``)."""
     torch.manual_seed(0)
     ours = MaskedLanguageModel(ENCODER_PRESETS[preset])
     reference = REFERENCES[ours.encoder.cfg.family]
@@ -141,7 +148,7 @@ def build(preset: str, device: torch.device, compiled: bool = False, lr: float =
     if compiled:
         for name, model in list(models.items()):
             twin = copy.deepcopy(model)
-            compile_forward(twin)
+            compile_forward(twin, backend)
             models[f"{name} compiled"] = twin
     optimizers = {
         name: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
@@ -217,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
         "--compile", action="store_true",
         help="also time a compiled copy of each model (one more untimed step compiles it)",
     )  # fmt: skip
+    parser.add_argument(
+        "--compile_backend", default=None,
+        help="torch.compile backend of --compile (default: the accelerator's, inductor); "
+        "aot_eager traces the same graphs, forward and backward, without generating kernels",
+    )  # fmt: skip
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
 
@@ -225,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--clock process measures CPU runs only")
     clock = time.process_time if args.clock == "process" else time.perf_counter
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    models, optimizers = build(args.preset, device, args.compile)
+    models, optimizers = build(args.preset, device, args.compile, args.compile_backend)
     family = ENCODER_PRESETS[args.preset].family
     reference = REFERENCES[family].name
     vocab = ENCODER_PRESETS[args.preset].vocabulary
@@ -252,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "threads": torch.get_num_threads(), "torch": torch.__version__, "clock": args.clock,
         "reference": reference, "matmul_peak_tflops": peak_tflops, "flops_per_step": flops,
-        "flops_formula": FLOPS_FORMULA, "ms_per_step": {}, "all_ms_per_step": {},
+        "flops_formula": FLOPS_FORMULA, "compile_backend": args.compile_backend,
+        "ms_per_step": {}, "all_ms_per_step": {},
         "tokens_per_s": {}, "mfu": {}, "peak_mem_gb": {},
     }  # fmt: skip
     print(

@@ -8,6 +8,7 @@ takes it) through to the three files that come back and the table.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -99,7 +100,8 @@ def test_the_cpu_rehearsal_runs_every_step_within_the_deadline(tmp_path):
     results = json.loads((out / "gpu_check.json").read_text())
     assert results["rehearsal"] and list(results["steps"]) == STEPS
     assert all(step["status"] == "ok" for step in results["steps"].values())
-    assert sum(step["seconds"] for step in results["steps"].values()) < DEADLINE_S
+    (seconds,) = re.findall(r"every step succeeded in (\d+) s", result.stdout)
+    assert int(seconds) < DEADLINE_S  # the whole command, its install and report included
     log = (out / "gpu_check.log").read_text()
     assert all(log.count(f"=== [{name}]") == 2 for name in STEPS)  # its start and its end
 

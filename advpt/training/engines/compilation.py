@@ -52,13 +52,13 @@ def compiled_part(model: nn.Module) -> nn.Module | None:
     return model.body if isinstance(model, TransformerNoiser) else None
 
 
-def compile_forward(module: nn.Module) -> None:
-    """Replace ``module``'s forward by its compiled self (``OPTIONS``, the accelerator's backend);
-    its hooks, and so the DeepSpeed engine's around it, stay eager."""
+def compile_forward(module: nn.Module, backend: str | None = None) -> None:
+    """Replace ``module``'s forward by its compiled self (``OPTIONS``; ``backend``, default the
+    accelerator's); its hooks, and so the DeepSpeed engine's around it, stay eager."""
     torch._dynamo.config.recompile_limit = max(
         torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT
     )
-    backend = get_accelerator().get_compile_backend()
+    backend = backend or get_accelerator().get_compile_backend()
     module.forward = torch.compile(module.forward, backend=backend, **OPTIONS)
 
 
