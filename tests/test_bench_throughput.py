@@ -15,15 +15,16 @@ TINY = ["--cpu", "--preset", "tiny", "--checkpointing", "0", "--steps", "1", "--
 
 @pytest.mark.slow
 def test_every_mode_reports_every_field_and_times_the_phases_its_name_says(tmp_path):
-    """One benchmark of every mode at the tiny preset, encoder under ZeRO 2: each row has every
-    field, and times the trainer's own optimizer steps, which are its mode's: a warm-up mode
-    (context-warmup: random-only for the first quarter of the run) times adversarial steps."""
+    """One benchmark of the modes gpu_check's rehearsal does not time, at the tiny preset,
+    encoder under ZeRO 2: each row has every field, and times the trainer's own optimizer steps,
+    which are its mode's: a warm-up mode (context-warmup: random-only for the first quarter of
+    the run) times adversarial steps. (tests/test_gpu_check.py checks the rows of random 40%,
+    alternating, simultaneous and sparse-simultaneous alike.)"""
     out = tmp_path / "bench.json"
     command = [
         sys.executable, "scripts/bench_throughput.py", "--preset", "tiny", "--steps", "2",
         "--warmup", "1", "--checkpointing", "0", "--max_length", "64", "--json", str(out),
-        "--zero", "2", "--modes", "random", "alternating", "simultaneous", "context-warmup",
-        "sparse-alternating", "sparse-simultaneous", "--rounds", "2",
+        "--zero", "2", "--modes", "random", "context-warmup", "sparse-alternating", "--rounds", "2",
     ]  # fmt: skip
     result = subprocess.run(
         command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600
@@ -33,8 +34,7 @@ def test_every_mode_reports_every_field_and_times_the_phases_its_name_says(tmp_p
     assert report["flops_formula"].startswith("6 * N_body * T")
     assert report["matmul_peak_tflops"] > 0
     rows = {row["mode"]: row for row in report["rows"]}
-    assert set(rows) == {"random", "alternating", "simultaneous", "context-warmup",
-                         "sparse-alternating", "sparse-simultaneous"}  # fmt: skip
+    assert set(rows) == {"random", "context-warmup", "sparse-alternating"}
     for mode, row in rows.items():
         for field in (
             "mode", "precision", "checkpointing", "micro_batch", "samples_per_s", "tokens_per_s",
@@ -55,14 +55,10 @@ def test_every_mode_reports_every_field_and_times_the_phases_its_name_says(tmp_p
     assert rows["random"]["cost_vs_random"] == 1.0
     assert "cost_vs_random" in result.stdout
     # whole cycles of the alternating schedule: --steps 2 rounds up to 10 encoder steps
-    cycle = {"noiser": 10, "encoder": 10}
     assert rows["random"]["phases"] == {"encoder": 10}
-    assert rows["alternating"]["phases"] == cycle
-    assert rows["context-warmup"]["phases"] == cycle
-    assert rows["simultaneous"]["phases"] == {"joint": 2}
-    # one noiser step per four encoder steps; a joint step every second step
+    assert rows["context-warmup"]["phases"] == {"noiser": 10, "encoder": 10}
+    # one noiser step per four encoder steps
     assert rows["sparse-alternating"]["phases"] == {"noiser": 1, "encoder": 4}
-    assert rows["sparse-simultaneous"]["phases"] == {"joint": 1, "encoder": 1}
 
 
 def test_micro_batch_search_doubles_then_bisects():

@@ -6,8 +6,8 @@ dropout's random numbers from its own generator; ``fallback_random`` makes it dr
 PyTorch does, so that the two trainers see the same dropout masks and the same noiser draws.
 The comparisons compile inductor's C++ kernels without SIMD (``cpp.simdlen = 1``): the graphs,
 and so what advpt decides (which calls compile, how often, in which phase), are the same, and
-g++ takes a third less time; the tiny trainer's run after them and the benchmark test below
-compile with SIMD, as a run does. Not ``cpp.vec_isa_ok = False``: torch caches the machine's
+g++ takes a third less time; the tiny trainer's run after them compiles with SIMD, as a run
+does. Not ``cpp.vec_isa_ok = False``: torch caches the machine's
 SIMD kinds once per process with that setting's value at the first compile, so a later
 compile with SIMD in the same process that finds its kernels in inductor's on-disk cache
 (written by a process with SIMD) builds vectorised code without the SIMD headers and fails.

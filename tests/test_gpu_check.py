@@ -123,9 +123,17 @@ def test_the_cpu_rehearsal_runs_every_step_within_the_deadline(tmp_path):
                                   "transformers compiled"]  # fmt: skip
     assert esm["compile_seconds"] > 0 and 0 < esm["mfu"]["advpt"] < 1
     costs = {r["mode"]: r for r in results["benchmarks"]["throughput"]["rows"]}
-    assert set(costs) == {"random", "random-40", "alternating", "simultaneous",
-                          "sparse-simultaneous"}  # fmt: skip
-    assert costs["alternating"]["phase_ms"].keys() == {"noiser", "encoder"}
+    assert {mode: row["phases"] for mode, row in costs.items()} == {
+        "random": {"encoder": 10},  # --steps 2: one whole cycle of 10 encoder steps
+        "random-40": {"encoder": 10},
+        "alternating": {"noiser": 10, "encoder": 10},
+        "simultaneous": {"joint": 2},
+        "sparse-simultaneous": {"joint": 1, "encoder": 1},  # a joint step every second step
+    }  # the optimizer steps each mode's row timed: its own schedule's
+    for mode, row in costs.items():  # every field, as tests/test_bench_throughput.py checks
+        assert row["zero"] == 2 and len(row["ms_per_round"]) == 2 and 0 < row["mfu"] < 1, mode
+        assert row["phase_ms"].keys() == row["phases"].keys(), mode
+        assert row["adversary_share"] == pytest.approx(1 - 1 / row["cost_vs_random"]), mode
     searched = results["benchmarks"]["max_micro_batch"]["rows"]
     assert [(r["checkpointing"], r["max_micro_batch"], r["capped"]) for r in searched] == [
         (0, 16, True), (1, 16, True)]  # fmt: skip
