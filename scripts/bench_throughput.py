@@ -97,9 +97,8 @@ from advpt.variants import VARIANTS  # noqa: E402
 
 FIELDS = (
     "mode", "precision", "checkpointing", "zero", "adam", "micro_batch", "global_batch",
-    "samples_per_s",
-    "tokens_per_s", "encoder_tflops", "mfu", "peak_mem_gb", "padding_fraction", "cost_vs_random",
-    "ms_per_encoder_update",
+    "samples_per_s", "tokens_per_s", "encoder_tflops", "mfu", "peak_mem_gb", "padding_fraction",
+    "cost_vs_random", "ms_per_encoder_update",
 )  # fmt: skip
 SEARCH_FIELDS = ("precision", "checkpointing", "zero", "max_micro_batch", "capped", "peak_mem_gb")
 PRECISIONS = ("fp32", "bf16", "fp16")
