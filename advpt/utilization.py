@@ -40,7 +40,8 @@ def encoder_flops(cfg: EncoderConfig, tokens: float, length: int, masked: float)
     return flops + 6.0 * (h * h + h * cfg.vocab_size) * masked
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (a no-op on a CPU): before reading a host clock."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -61,10 +62,10 @@ def matmul_peak_tflops(device: torch.device) -> float:
         b = torch.randn(n, n, device=device, dtype=dtype)
         for _ in range(3):
             a @ b
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         for _ in range(repeats):
             a @ b
-        _sync(device)
+        synchronize(device)
         best = max(best, 2 * n**3 * repeats / (time.perf_counter() - start) / 1e12)
     return best

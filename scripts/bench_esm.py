@@ -46,7 +46,12 @@ from advpt.models.hf_esm import hf_config, hf_state
 from advpt.models.tape import save_tape
 from advpt.tokenizer import Vocabulary
 from advpt.training.engines.compilation import compile_forward, compile_seconds
-from advpt.utilization import FLOPS_FORMULA, encoder_flops, matmul_peak_tflops
+from advpt.utilization import (
+    FLOPS_FORMULA,
+    encoder_flops,
+    matmul_peak_tflops,
+    synchronize,
+)
 
 STANDARD = "ACDEFGHIKLMNPQRSTVWY"  # residues of the random sequences
 
@@ -62,11 +67,6 @@ def make_batch(
     masked = vocab.is_residue(ids) & (torch.rand(ids.shape, generator=g) < rate)
     inputs = torch.where(masked, torch.full_like(ids, vocab.mask_id), ids)
     return ids.to(device), inputs.to(device), masked.to(device)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def esm_reference(ours: MaskedLanguageModel) -> nn.Module:
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in group:
             for _ in range(args.warmup + name.endswith(" compiled")):
                 step[name]()
-        sync(device)
+        synchronize(device)
         if group is groups[1]:
             result["compile_seconds"] = compile_seconds()
             print(f"compiling took {result['compile_seconds']:.1f} s")
@@ -317,7 +317,7 @@ def time_in_turns(step, args, clock, device, result) -> dict[str, list[float]]:
             start = clock()
             for _ in range(args.steps):
                 fn()
-            sync(device)
+            synchronize(device)
             times[name].append((clock() - start) / args.steps * 1e3)
             if device.type == "cuda":
                 result["peak_mem_gb"][name] = torch.cuda.max_memory_allocated(device) / 2**30

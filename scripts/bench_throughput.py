@@ -92,7 +92,12 @@ from advpt.training.phases import PHASES  # noqa: E402
 from advpt.training.preemption import StopSignals  # noqa: E402
 from advpt.training.run_dir import write_atomically  # noqa: E402
 from advpt.training.schedule import ENCODER  # noqa: E402
-from advpt.utilization import FLOPS_FORMULA, encoder_flops, matmul_peak_tflops  # noqa: E402
+from advpt.utilization import (
+    FLOPS_FORMULA,
+    encoder_flops,
+    matmul_peak_tflops,
+    synchronize,
+)  # noqa: E402
 from advpt.variants import VARIANTS  # noqa: E402
 
 FIELDS = (
@@ -102,11 +107,6 @@ FIELDS = (
 )  # fmt: skip
 SEARCH_FIELDS = ("precision", "checkpointing", "zero", "max_micro_batch", "capped", "peak_mem_gb")
 PRECISIONS = ("fp32", "bf16", "fp16")
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def train_config(args, mode: str, checkpointing: int, work: Path) -> TrainConfig:
@@ -219,12 +219,12 @@ class Timed:
 
     def time(self) -> dict:
         """Time ``--steps`` encoder updates; returns a partial row."""
-        sync(self.device)
+        synchronize(self.device)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         start = time.perf_counter()
         (tokens, slots, sequences, flops), phases, clocks = self._run(self.steps)
-        sync(self.device)
+        synchronize(self.device)
         elapsed = time.perf_counter() - start
         phase_ms: Counter = Counter()
         for (_, before), (phase, after) in itertools.pairwise(clocks):
@@ -354,7 +354,7 @@ def fits(args, cell: dict, work: Path, device: torch.device) -> float | None:
             torch.cuda.reset_peak_memory_stats(device)
         for _ in range(2):
             trainer.micro_step(ENCODER, batch)
-        sync(device)
+        synchronize(device)
         return peak_memory_gb(device)
     except torch.OutOfMemoryError:
         return None
