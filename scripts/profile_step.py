@@ -275,19 +275,22 @@ def main(argv: list[str] | None = None) -> int:
     init_distributed()
     header = f"{args.preset}, noiser {args.noiser}, crops of {args.max_length}, micro-batch "
     header += f"{args.micro_batch}, {torch.get_num_threads()} thread(s); ms per encoder update"
-    rows = []
+    rows, noisers = [], []
     with StopSignals() as stops, tempfile.TemporaryDirectory() as tmp:
-        for mode in args.modes:
+        for mode in args.modes:  # a stop signal ends the run after the mode in progress
             rows.append(profile_mode(args, mode, Path(tmp) / mode))
             print(table(rows[-1:], ["mode", *COLUMNS, "total"]), flush=True)
-            if stops.received:  # a stop signal ends the run after the mode in progress
-                kept = "nothing was kept"
-                if args.json:  # the modes profiled so far, marked as a part
-                    write_rows(args.json, header + " (stopped early)", rows, [])
-                    kept = f"the modes profiled are in {args.json}"
-                raise Stopped(stops.received, kept)
-        batch = next(iter(build(args, "random", Path(tmp) / "batch").stream))
-    noisers = noiser_rows(args, batch)
+            if stops.received:
+                break
+        else:
+            batch = next(iter(build(args, "random", Path(tmp) / "batch").stream))
+            noisers = noiser_rows(args, batch)
+        if stops.received:  # what was profiled, marked as a part
+            kept = "nothing was kept"
+            if args.json:
+                write_rows(args.json, header + " (stopped early)", rows, noisers)
+                kept = f"the modes profiled are in {args.json}"
+            raise Stopped(stops.received, kept)
     print(f"\n{header}\n\n{table(rows, ['mode', *COLUMNS, 'total', 'weight_share'])}\n")
     print(table(noisers, ["noiser", "preset", "parameters", "ms_forward_backward"]))
     if args.json:
