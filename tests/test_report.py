@@ -1,6 +1,7 @@
 """The run summary (python -m advpt.report) on hand-written metrics files: the edge cases."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ from matplotlib import pyplot
 from advpt.config.cli import parse
 from advpt.config.pretrain import TrainConfig
 from advpt.report import main
-from advpt.training.reporting.plots import run_figure
+from advpt.training.reporting.plots import comparison_figure, run_figure
 from advpt.training.reporting.run_metrics import load_run
 from advpt.training.reporting.summary import compare_runs, format_duration, report_run, summarize
 from tests.helpers import IN_AND_OUT_OF_PROCESS, REPO, child_env
@@ -72,6 +73,39 @@ def test_the_plots_of_a_run_stand_on_the_encoder_step_axis_as_the_trackers_do(tm
     pyplot.close(figure)
 
 
+NOISER_PANELS = ["Loss at adversarial vs random positions (encoder steps)",
+                 "Where and how the noiser masks"]  # fmt: skip
+
+
+def _titles(figure) -> list[str]:
+    titles = [axes.get_title() for axes in figure.axes]
+    pyplot.close(figure)
+    return titles
+
+
+def test_a_run_without_a_noiser_gets_no_noiser_panels(finished_run, tmp_path):
+    """A real random-MLM run (the default setting's kind): its picture is the MLM loss and the
+    throughput, with no empty noiser panel and no random positions' loss (its MLM loss again);
+    an adversarial run keeps all four; a run whose mode is unknown is judged by its rows."""
+    run = load_run(finished_run)
+    assert run.mode == "random" and not run.has_noiser
+    figure = run_figure(run)
+    assert _titles(figure) == ["MLM loss", "Throughput (tokens/s)"]
+    report_run(finished_run)
+    assert (finished_run / "report.png").read_bytes()[:4] == b"\x89PNG"
+    adversarial = load_run(_resumed_adversarial_run(tmp_path))
+    assert _titles(run_figure(adversarial)) == ["MLM loss", *NOISER_PANELS, "Throughput (tokens/s)"]
+    for run_dir in (finished_run, adversarial.path):
+        (run_dir / "config.json").unlink()
+    assert not load_run(finished_run).has_noiser and load_run(adversarial.path).has_noiser
+    # side by side, only the adversarial run has lines of positions
+    positions = comparison_figure([run, adversarial], ["rnd", "adv"]).axes[3]
+    assert [line.get_label() for line in positions.get_lines()] == ["adv adversarial", "adv random"]
+    positions = comparison_figure([run], ["rnd"]).axes[3]
+    assert not positions.get_lines() and positions.texts[0].get_text() == "no run here has a noiser"
+    pyplot.close("all")
+
+
 def test_report_text_and_plot_of_one_run(tmp_path):
     run_dir = _resumed_adversarial_run(tmp_path)
     text = report_run(run_dir)
@@ -107,7 +141,7 @@ def test_random_run_without_validation_or_timestamps(tmp_path):
     assert "context\n" in report_run(run_dir, plots=False, unigram=2.8)  # no val loss to compare
     assert "random 2.9000 (only one kind of position in this run)" in text
     assert "tokens/s         167" in text  # the plain mean of 200, 100, 200 without timestamps
-    assert (run_dir / "report.png").is_file()  # the noiser panel says there is no noiser
+    assert (run_dir / "report.png").is_file()  # the loss and the throughput: no noiser's panels
 
 
 def test_comparison_table_and_plot(tmp_path, capsys):
@@ -213,3 +247,29 @@ def test_the_mode_of_a_run_written_before_the_method_section(tmp_path):
     assert load_run(run_dir).mode == "adversarial"
     (run_dir / "config.json").write_text(json.dumps({"run": {"mode": "random"}}))
     assert load_run(run_dir).mode == "random"
+
+
+@IN_AND_OUT_OF_PROCESS
+def test_nan_and_infinite_losses_are_no_best_loss_and_are_said(tmp_path, run):
+    """JSON's ``NaN`` and ``Infinity`` (a diverged run logs them) are left out, value by value:
+    the best validation loss is the lowest finite one, and the summary says what was left out."""
+    rows = [
+        _train(1, 1, 0, "encoder", 1.0), _val(1, 1, math.nan, 2.0),
+        {**_train(2, 2, 0, "encoder", 3.0), "encoder_loss": math.inf}, _val(2, 2, 3.1, 4.0),
+        _val(3, 3, -math.inf, 5.0), _val(4, 4, 3.2, 6.0),
+    ]  # fmt: skip
+    run_dir = _write_run(tmp_path / "diverged", rows)
+    assert "NaN" in (run_dir / "metrics.jsonl").read_text()  # as json.dumps writes them
+    done = run([str(run_dir), "--no_plots"], module="advpt.report")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "  best val loss    3.1000 at encoder step 2" in lines
+    assert "  final val loss   3.2000 at encoder step 4" in lines
+    assert "  steps            4 encoder optimizer steps" in lines  # the rows themselves stay
+    assert lines[-2:] == [
+        "  skipped          metrics.jsonl lines 2, 5: 'val_loss' is NaN or infinite (only that "
+        "value is left out)",
+        "  skipped          metrics.jsonl line 3: 'encoder_loss' is NaN or infinite (only that "
+        "value is left out)",
+    ]
+    assert run_figure(load_run(run_dir)) is not None  # and the plot draws the finite points

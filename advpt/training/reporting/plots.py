@@ -39,9 +39,6 @@ def _line(ax, rows, key, label, x=X, **style) -> None:
         ax.plot(xs, ys, label=label, **style)
 
 
-NO_NOISER = "no noiser in this run"  # what a noiser's panel says in a random-MLM run
-
-
 def _finish(ax, title: str, xlabel: str, empty: str | None = None) -> None:
     ax.set_title(title)
     ax.set_xlabel(xlabel)
@@ -52,28 +49,52 @@ def _finish(ax, title: str, xlabel: str, empty: str | None = None) -> None:
         ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
 
 
+NO_NOISER = "no run here has a noiser"  # the comparison's positions panel of random runs
+NOT_YET = "not logged yet"  # a noiser's panel before the noiser first masks (a warm-up)
+
+
+def _loss_panel(ax, run: Run) -> None:
+    _line(ax, run.train, "encoder_loss", "encoder (training)")
+    _line(ax, run.train, "noiser_loss", "noiser phase (maximised)", alpha=0.8)
+    _line(ax, run.validation, "val_loss", "validation (random masking)", marker="o")
+    _finish(ax, "MLM loss", XLABEL)
+
+
+def _positions_panel(ax, run: Run) -> None:
+    _line(ax, run.encoder_train, "adversarial_loss", "adversarial positions")
+    _line(ax, run.encoder_train, "random_loss", "random positions")
+    _finish(ax, "Loss at adversarial vs random positions (encoder steps)", XLABEL, NOT_YET)
+
+
+def _masks_panel(ax, run: Run) -> None:
+    _line(ax, run.train, "mask_entropy", "mask position entropy")
+    for option in ("mask", "keep", "replace"):
+        _line(ax, run.train, f"option_{option}_share", f"{option} share", linestyle="--")
+    _finish(ax, "Where and how the noiser masks", XLABEL, NOT_YET)
+
+
+def _speed_panel(ax, run: Run) -> None:
+    for phase, marker in (("encoder", "o"), ("noiser", "^"), ("joint", "s")):
+        rows = [r for r in run.train if r.get("phase") == phase]
+        _line(ax, rows, "tokens_per_s", f"{phase} steps", marker=marker, linestyle="")
+    _finish(ax, "Throughput (tokens/s)", XLABEL)
+
+
 def run_figure(run: Run) -> Any:
-    """Four panels of one run (a matplotlib Figure); None when matplotlib is missing."""
+    """The panels of one run (a matplotlib Figure): its MLM loss and throughput and, where a
+    noiser masks, the loss at its positions vs random ones and where and how it masks (a run
+    without one masks every position at random: those panels would be empty or repeat the
+    loss); None when matplotlib is missing."""
     plt = _pyplot()
     if plt is None:
         return None
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
-    loss, positions, masks, speed = axes.flat
-    _line(loss, run.train, "encoder_loss", "encoder (training)")
-    _line(loss, run.train, "noiser_loss", "noiser phase (maximised)", alpha=0.8)
-    _line(loss, run.validation, "val_loss", "validation (random masking)", marker="o")
-    _finish(loss, "MLM loss", XLABEL)
-    _line(positions, run.encoder_train, "adversarial_loss", "adversarial positions")
-    _line(positions, run.encoder_train, "random_loss", "random positions")
-    _finish(positions, "Loss at adversarial vs random positions (encoder steps)", XLABEL, NO_NOISER)
-    _line(masks, run.train, "mask_entropy", "mask position entropy")
-    for option in ("mask", "keep", "replace"):
-        _line(masks, run.train, f"option_{option}_share", f"{option} share", linestyle="--")
-    _finish(masks, "Where and how the noiser masks", XLABEL, NO_NOISER)
-    for phase, marker in (("encoder", "o"), ("noiser", "^"), ("joint", "s")):
-        rows = [r for r in run.train if r.get("phase") == phase]
-        _line(speed, rows, "tokens_per_s", f"{phase} steps", marker=marker, linestyle="")
-    _finish(speed, "Throughput (tokens/s)", XLABEL)
+    panels = [_loss_panel, _speed_panel]
+    if run.has_noiser:
+        panels[1:1] = [_positions_panel, _masks_panel]
+    rows = len(panels) // 2
+    fig, axes = plt.subplots(rows, 2, figsize=(12, 4 * rows), constrained_layout=True)
+    for panel, ax in zip(panels, axes.flat, strict=True):
+        panel(ax, run)
     fig.suptitle(f"{run.path.name} ({run.mode})")
     return fig
 
@@ -91,13 +112,14 @@ def comparison_figure(runs: list[Run], names: list[str]) -> Any:
         minutes = [{**r, "wall_min": r["wall_s"] / 60} for r in run.validation if "wall_s" in r]
         _line(val_time, minutes, "val_loss", name, "wall_min", color=color, marker="o")
         _line(train, run.encoder_train, "encoder_loss", name, color=color)
-        rows = run.encoder_train
-        _line(positions, rows, "adversarial_loss", f"{name} adversarial", color=color)
-        _line(positions, rows, "random_loss", f"{name} random", color=color, linestyle="--")
+        if run.has_noiser:  # a run without one: its random positions' loss is its loss
+            rows = run.encoder_train
+            _line(positions, rows, "adversarial_loss", f"{name} adversarial", color=color)
+            _line(positions, rows, "random_loss", f"{name} random", color=color, linestyle="--")
     _finish(val, "Validation loss (random masking)", XLABEL)
     _finish(val_time, "Validation loss against training time", "minutes", "no timestamps")
     _finish(train, "Training loss in encoder steps", XLABEL)
-    _finish(positions, "Adversarial (solid) vs random (dashed) positions", XLABEL)
+    _finish(positions, "Adversarial (solid) vs random (dashed) positions", XLABEL, NO_NOISER)
     return fig
 
 

@@ -47,14 +47,23 @@ class Run:
     def validation(self) -> list[dict[str, Any]]:
         return [r for r in self.rows if "val_loss" in r]
 
+    @property
+    def has_noiser(self) -> bool:
+        """Whether a noiser masks in this run: its mode says so, or where the mode is unknown,
+        its training rows carry a noiser's numbers."""
+        if self.mode != "unknown":
+            return self.mode == "adversarial"
+        return any(key in row for row in self.train for key in _NOISER_KEYS)
+
 
 def load_run(run_dir: str | Path) -> Run:
     """Read ``RUN_DIR/metrics.jsonl`` (and the mode from ``config.json``).
 
     What cannot be summarised is left out and said in :attr:`Run.skipped`: a line that is not
     JSON (the last one cut short, most often: a job killed while writing it), a row without its
-    integer ``step`` or with a value of the wrong kind, and a ``config.json`` that cannot be read
-    (the mode is then unknown). A file with no row left is an error naming it.
+    integer ``step`` or with a value of the wrong kind, a loss or rate that is NaN or infinite
+    (the value alone: it is no best or mean of anything), and a ``config.json`` that cannot be
+    read (the mode is then unknown). A file with no row left is an error naming it.
     """
     path = Path(run_dir)
     metrics = RunDir(path).metrics
@@ -75,8 +84,10 @@ def load_run(run_dir: str | Path) -> Run:
         why = _unusable(row)
         if why:
             bad[why].append(number)
-        else:
-            rows.append(row)
+            continue
+        for key in _drop_non_finite(row):
+            bad[f"'{key}' is NaN or infinite (only that value is left out)"].append(number)
+        rows.append(row)
     skipped = [f"{metrics.name} {_line_numbers(numbers)}: {why}" for why, numbers in bad.items()]
     if not rows:
         unread = f" ({'; '.join(skipped)})" if skipped else " yet"
@@ -85,6 +96,7 @@ def load_run(run_dir: str | Path) -> Run:
     return Run(path, mode, rows, _add_wall_time(rows), skipped + unknown)
 
 
+_NOISER_KEYS = ("noiser_loss", "adversarial_loss", "mask_entropy")  # logged where a noiser masks
 _CUT_SHORT = "cut short (being written, or its job was killed while writing it)"
 # The values the summary and the plots compute with, by what each must be where a row has it.
 _INTEGERS = ("step", "encoder_step", "noiser_step")
@@ -116,6 +128,14 @@ def _unusable(row: Any) -> str | None:
     if "time" in row and not _is_time(row["time"]):
         return "'time' is not a Unix time"
     return None
+
+
+def _drop_non_finite(row: dict[str, Any]) -> list[str]:
+    """Remove the NaN and infinite values of ``row`` (JSON's ``NaN``, ``Infinity``); their keys."""
+    dropped = [key for key in _NUMBERS if key in row and not math.isfinite(row[key])]
+    for key in dropped:
+        del row[key]
+    return dropped
 
 
 def _is_number(value: Any) -> bool:
