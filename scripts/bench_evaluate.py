@@ -24,6 +24,7 @@ from advpt.command import DEBUG_HELP, command
 from advpt.config.evaluate import TASKS
 from advpt.downstream import prepare
 from advpt.evaluate import main as evaluate
+from advpt.inference import pick_device
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.exports import save_export
 
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", default="", help="the evaluation data cache (--cache)")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
+    pick_device(args.device)  # a device that is not there is refused before the data is made
     start = time.perf_counter()
     prepare.ensure(args.cache)
     prepared = time.perf_counter() - start
