@@ -51,6 +51,8 @@ from advpt.inference import (
     SPECIAL_TOKENS,
     add_run_flags,
     atomic_output,
+    layer_states,
+    length_batches,
     load_for_inference,
     max_residues,
     pad,
@@ -81,49 +83,6 @@ def resolve_layers(requested: list[int], num_layers: int) -> list[int]:
 def layer_key(name: str, layer: int, last: int) -> str:
     """``mean`` / ``per_residue`` for the last layer, ``mean_3`` / ``per_residue_3`` for 3."""
     return name if layer == last else f"{name}_{layer}"
-
-
-@torch.no_grad()
-def layer_states(
-    encoder: Encoder, ids: torch.Tensor, valid: torch.Tensor, layers: list[int]
-) -> dict[int, torch.Tensor]:
-    """Hidden states ``[B, L, H]`` of ``layers`` (0: the embeddings entering the first layer,
-    ``l``: layer ``l``'s output, the last: the encoder's output) for ids ``[B, L]``."""
-    states: dict[int, torch.Tensor] = {}
-    last = encoder.cfg.num_layers
-
-    def keep_input(_module: torch.nn.Module, args: tuple) -> None:
-        states[0] = args[0]
-
-    def keeper(layer: int):
-        def keep_output(_module: torch.nn.Module, _args: tuple, out: torch.Tensor) -> None:
-            states[layer] = out
-
-        return keep_output
-
-    hooks = []
-    if 0 in layers and last > 0:
-        hooks.append(encoder.layers[0].register_forward_pre_hook(keep_input))
-    for layer in layers:
-        if 0 < layer < last:
-            hooks.append(encoder.layers[layer - 1].register_forward_hook(keeper(layer)))
-    try:
-        states[last] = encoder(ids, valid)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return states
-
-
-def length_batches(lengths: np.ndarray, tokens_per_batch: int) -> Iterator[np.ndarray]:
-    """Record numbers in batches of similar token ``lengths`` ``[N]``, shortest first, each at
-    most ``tokens_per_batch`` tokens when padded (a longer record alone)."""
-    order = np.argsort(lengths, kind="stable")
-    start = 0
-    for end in range(1, len(order) + 1):
-        if end == len(order) or (end - start + 1) * lengths[order[end]] > tokens_per_batch:
-            yield order[start:end]
-            start = end
 
 
 class NpzParts:

@@ -3,7 +3,10 @@
 * :func:`load_for_inference`: any directory advpt reads (an advpt run or export, a Hugging Face
   ESM-2 directory, a TAPE ``save_pretrained`` directory), fp32, in eval mode, on a device; its
   token ids are those of ``encoder_of(model).cfg.vocabulary`` (TAPE's 30 tokens or ESM's 33).
-* :func:`pad`: token id arrays ``[<cls>, residues..., <eos>]`` as one padded batch.
+* :func:`pad`: token id arrays ``[<cls>, residues..., <eos>]`` as one padded batch, and
+  :func:`length_batches`: records grouped into such batches by length.
+* :func:`layer_states`: the hidden states of chosen layers, as ESM's ``extract.py`` numbers
+  them.
 * :func:`atomic_output`: a result file written beside its destination and moved in when
   complete, never over an existing one unless asked.
 """
@@ -99,6 +102,49 @@ def pad(rows: list[np.ndarray], pad_id: int, device: torch.device) -> tuple[torc
         ids[i, : len(row)] = torch.from_numpy(np.asarray(row, dtype=np.int64))
     valid = torch.arange(ids.shape[1]) < lengths[:, None]
     return ids.to(device), valid.to(device)
+
+
+@torch.no_grad()
+def layer_states(
+    encoder: Encoder, ids: torch.Tensor, valid: torch.Tensor, layers: list[int]
+) -> dict[int, torch.Tensor]:
+    """Hidden states ``[B, L, H]`` of ``layers`` (0: the embeddings entering the first layer,
+    ``l``: layer ``l``'s output, the last: the encoder's output) for ids ``[B, L]``."""
+    states: dict[int, torch.Tensor] = {}
+    last = encoder.cfg.num_layers
+
+    def keep_input(_module: torch.nn.Module, args: tuple) -> None:
+        states[0] = args[0]
+
+    def keeper(layer: int):
+        def keep_output(_module: torch.nn.Module, _args: tuple, out: torch.Tensor) -> None:
+            states[layer] = out
+
+        return keep_output
+
+    hooks = []
+    if 0 in layers and last > 0:
+        hooks.append(encoder.layers[0].register_forward_pre_hook(keep_input))
+    for layer in layers:
+        if 0 < layer < last:
+            hooks.append(encoder.layers[layer - 1].register_forward_hook(keeper(layer)))
+    try:
+        states[last] = encoder(ids, valid)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return states
+
+
+def length_batches(lengths: np.ndarray, tokens_per_batch: int) -> Iterator[np.ndarray]:
+    """Record numbers in batches of similar token ``lengths`` ``[N]``, shortest first, each at
+    most ``tokens_per_batch`` tokens when padded (a longer record alone)."""
+    order = np.argsort(lengths, kind="stable")
+    start = 0
+    for end in range(1, len(order) + 1):
+        if end == len(order) or (end - start + 1) * lengths[order[end]] > tokens_per_batch:
+            yield order[start:end]
+            start = end
 
 
 def refuse_existing(path: Path, overwrite: bool) -> None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,47 +53,11 @@ from advpt.inference import (
     max_residues,
     start_run,
 )
-from advpt.models.encoder import MaskedLanguageModel, rows_of
+from advpt.models.encoder import MaskedLanguageModel
+from advpt.scoring import Mutation, masked_marginals, parse_variant
 from advpt.tokenizer import IUPAC_LETTERS
 
 MUTANT_COLUMN, SCORE_COLUMN, MEASURED_COLUMN = "mutant", "score", "DMS_score"
-_MUTATION = re.compile(r"([A-Za-z])(\d+)([A-Za-z])")
-
-
-@dataclass(frozen=True)
-class Mutation:
-    """One site of a variant: ``wild_type`` at 1-based ``position`` becomes ``mutant``."""
-
-    wild_type: str
-    position: int
-    mutant: str
-
-
-def parse_variant(text: str, sequence: str) -> list[Mutation]:
-    """The sites of ``A24G:K30R``, checked against ``sequence``; a ``ValueError`` saying what
-    is wrong otherwise."""
-    sites = []
-    for part in text.strip().split(":"):
-        match = _MUTATION.fullmatch(part.strip())
-        if match is None:
-            raise ValueError(f"{shorten(part)} is not a mutation like A24G")
-        wild_type, position, mutant = match[1].upper(), int(match[2]), match[3].upper()
-        for letter in (wild_type, mutant):
-            if letter not in IUPAC_LETTERS:
-                raise ValueError(f"{part} has {letter!r}, which is no amino-acid letter")
-        if not 1 <= position <= len(sequence):
-            raise ValueError(
-                f"{part}: position {position} is outside the {len(sequence)}-residue sequence"
-            )
-        if sequence[position - 1] != wild_type:
-            raise ValueError(
-                f"{part}: the sequence has {sequence[position - 1]!r} at {position}, not "
-                f"{wild_type!r}"
-            )
-        if any(site.position == position for site in sites):
-            raise ValueError(f"{text} mutates position {position} twice")
-        sites.append(Mutation(wild_type, position, mutant))
-    return sites
 
 
 def check_sequence(sequence: str) -> str:
@@ -158,30 +121,6 @@ def read_variants(path: Path, sequence: str) -> VariantTable:
 
 
 # ----------------------------------------------------------------------------- scoring
-
-
-@torch.no_grad()
-def masked_marginals(
-    model: MaskedLanguageModel, ids: torch.Tensor, positions: list[int], tokens_per_batch: int
-) -> dict[int, torch.Tensor]:
-    """Log-probabilities ``[V]`` at each 1-based ``position`` of the wild type ``ids`` ``[L]``
-    (``<cls>`` + residues + ``<eos>``) with that position masked, in batches of whole copies."""
-    vocab = model.encoder.cfg.vocabulary
-    per_batch = max(1, tokens_per_batch // ids.numel())
-    out: dict[int, torch.Tensor] = {}
-    for start in range(0, len(positions), per_batch):
-        chunk = positions[start : start + per_batch]
-        rows = torch.arange(len(chunk), device=ids.device)
-        where = torch.tensor(chunk, device=ids.device)  # <cls> is token 0: residue p is token p
-        tokens = ids.repeat(len(chunk), 1)  # [b, L]
-        tokens[rows, where] = vocab.mask_id
-        masked = torch.zeros_like(tokens, dtype=torch.bool)
-        masked[rows, where] = True
-        valid = torch.ones_like(masked)
-        hidden = model.encoder(tokens, valid, False, rows_of(masked, len(chunk), 1))  # [b, H]
-        log_probs = F.log_softmax(model.head(hidden).float(), dim=-1).cpu()  # [b, V]
-        out.update(zip(chunk, log_probs, strict=True))
-    return out
 
 
 @torch.no_grad()

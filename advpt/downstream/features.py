@@ -16,8 +16,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from advpt.embed import length_batches
-from advpt.inference import SPECIAL_TOKENS, pad
+from advpt.inference import SPECIAL_TOKENS, length_batches, pad
 from advpt.models.encoder import Encoder
 
 STANDARD_RESIDUES = "ACDEFGHIKLMNPQRSTVWY"

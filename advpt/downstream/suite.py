@@ -41,7 +41,7 @@ from advpt.downstream.localisation import COMPARTMENTS
 from advpt.downstream.prepare import EvalData, Proteins
 from advpt.downstream.probes import logistic_probe, ridge_probe
 from advpt.models.encoder import MaskedLanguageModel
-from advpt.score import masked_marginals
+from advpt.scoring import masked_marginals
 
 Q8 = "HGIEBTSC"  # DSSP's eight states, the probe's classes in this order
 Q3_OF_Q8 = np.array([0, 0, 0, 1, 1, 2, 2, 2])  # helix (H G I), strand (E B), the rest
