@@ -4,6 +4,8 @@ labels (``advpt.downstream.localisation``), on the installed files and on damage
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -37,6 +39,7 @@ from advpt.downstream.localisation import (
 )
 from advpt.errors import DataError
 from advpt.tokenizer import IUPAC_LETTERS
+from tests.helpers import REPO, child_env
 
 installed = pytest.mark.skipif(
     not all(shutil.which(tool) for tool in ("blastdbcmd", "mmseqs"))
@@ -220,6 +223,28 @@ def test_a_missing_folder_is_one_sentence(tmp_path, what):
             export_fasta("CCO", tmp_path / "cco.fasta", absent)
     message = str(error.value)
     assert str(absent) in message and "metastudent-data" in message and "\n" not in message
+
+
+def test_an_out_it_may_not_write_is_one_sentence_before_any_work(tmp_path):
+    """A folder without write permission (as a user meets it: root is made to heed the
+    permission bits too, by dropping its capability to override them) or a file in the way."""
+    locked, file = tmp_path / "locked", tmp_path / "file"
+    locked.mkdir(mode=0o555)
+    file.touch()
+    bound = (
+        ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    )
+    if bound and shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv (util-linux) to make root heed permission bits")
+    for out, why in ((locked / "new" / "corpus", f"{locked} is not writable"),
+                     (file / "corpus", f"{file} is not a folder")):  # fmt: skip
+        done = subprocess.run(
+            [*bound, sys.executable, "-m", "advpt.data.swissprot", "--out", str(out)],
+            cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr[-3000:]
+        assert done.stderr == f"advpt: error: cannot write --out {out}: {why}\n"
+    assert list(locked.iterdir()) == []
 
 
 @installed

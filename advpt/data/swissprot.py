@@ -220,13 +220,20 @@ def write_clusters(path: Path, proteins: list[Protein], clusters: np.ndarray) ->
 
 
 def check_out(out: Path, overwrite: bool) -> None:
-    """Refuse an existing ``out``, unless ``overwrite`` and it is a prepared dataset."""
-    if not out.exists():
-        return
-    if not overwrite:
+    """Refuse, before any work, an existing ``out`` (unless ``overwrite`` and it is a prepared
+    dataset) and one this process cannot write: it is made beside itself, in the nearest folder
+    above it that exists."""
+    if out.exists() and not overwrite:
         raise OutputError(f"{out} exists; pass --overwrite to replace it")
-    if not is_prepared(out):
+    if out.exists() and not is_prepared(out):
         raise OutputError(f"{out} exists and is not a prepared dataset; choose another --out")
+    folder = out.absolute().parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise OutputError(f"cannot write --out {out}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write --out {out}: {folder} is not writable")
 
 
 def build_corpus(
