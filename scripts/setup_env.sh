@@ -62,3 +62,13 @@ else
     export DS_ACCELERATOR=cpu
 fi
 export ADVPT_GPUS
+
+# The C++ op every run of this machine needs (DeepSpeed's CPU collectives; on a GPU, the fused
+# sampler), built once per environment into a folder of its own (advpt/extensions.py): no run
+# pays the build or can be killed inside it, and another environment never rebuilds it.
+ops_stamp="$ADVPT_ENV/.advpt-extensions-built-$ADVPT_GPUS"
+if [ ! -e "$ops_stamp" ] || [ "$stamp" -nt "$ops_stamp" ]; then
+    echo "[advpt] building the C++ op this machine's runs use (once per environment)"
+    python -m advpt.build_extensions
+    touch "$ops_stamp" 2>/dev/null || true
+fi

@@ -3,8 +3,8 @@
 ``subset_sampler.cu`` runs each row's whole sampling loop in one thread block (see the comment at
 its top for the recurrence, layout and the save-versus-recompute choice); ``subset_sampler.cpp``
 binds it. ``torch.utils.cpp_extension.load`` compiles both the first time a process asks for the
-kernel and caches the build under ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``),
-rebuilding only when the sources change; concurrent ranks wait on its lock instead of racing.
+kernel and caches the build in the environment's extensions folder (``advpt.extensions``),
+rebuilding only when the sources change; concurrent ranks wait on advpt's lock instead of racing.
 No Triton is involved.
 """
 
@@ -19,8 +19,11 @@ from types import ModuleType
 import torch
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from advpt.extensions import building
+
 logger = logging.getLogger(__name__)
 
+NAME = "advpt_subset_sampler"
 SOURCES = tuple(Path(__file__).with_name(f"subset_sampler.{ext}") for ext in ("cpp", "cu"))
 
 
@@ -36,12 +39,13 @@ def load_subset_sampler() -> ModuleType | None:
     try:
         from torch.utils.cpp_extension import load
 
-        return load(
-            name="advpt_subset_sampler",
-            sources=[str(source) for source in SOURCES],
-            extra_cflags=["-O3"],
-            extra_cuda_cflags=["-O3"],
-        )
+        with building(NAME):  # never waiting on the lock of a build that was killed
+            return load(
+                name=NAME,
+                sources=[str(source) for source in SOURCES],
+                extra_cflags=["-O3"],
+                extra_cuda_cflags=["-O3"],
+            )
     except Exception as error:  # any build or import failure means: use the reference
         warnings.warn(
             f"advpt: the fused subset sampler did not build ({type(error).__name__}: {error}); "

@@ -26,7 +26,10 @@ from deepspeed.accelerator import get_accelerator
 
 from advpt.command import rank  # noqa: F401  (the one answer: distributed.rank())
 from advpt.errors import ConfigError
+from advpt.extensions import load_deepspeed_op
 from advpt.launch import check_meeting_point, discover, free_port, rendezvous_timeout
+
+SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's shared-memory collectives on the CPU
 
 
 def _unlink_shared_buffer() -> None:
@@ -64,6 +67,10 @@ def init_distributed() -> torch.device:
     backend = (
         "gloo" if accelerator.device_name() == "cpu" else accelerator.communication_backend_name()
     )
+    if accelerator.device_name() == "cpu" and deepspeed.ops.__compatible_ops__.get(SHM_OP):
+        # DeepSpeed builds it inside init_distributed, where a dead build's lock would hold
+        # every later start for ever (advpt.extensions): built here first, it loads from there.
+        load_deepspeed_op("ShareMemCommBuilder")
     try:
         deepspeed.init_distributed(dist_backend=backend)
     except dist.DistNetworkError as exc:

@@ -26,6 +26,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from advpt import ds_configs
 from advpt.errors import ConfigError, first_line
+from advpt.extensions import load_deepspeed_op
 from advpt.safe_load import read_json
 from advpt.training.engines.batch_layout import DeepSpeedJson
 
@@ -217,6 +218,21 @@ class NonFiniteStepGuard:
         return getattr(self.optimizer, name)
 
 
+def adam_op_builder(config: dict[str, Any]) -> str | None:
+    """The DeepSpeed op builder that ``config``'s optimizer compiles on first use: CPU Adam on
+    the CPU or with the optimizer offloaded there, FusedAdam on a GPU; None for torch's AdamW
+    (``torch_adam``) and for other optimizers."""
+    optimizer = config.get("optimizer") or {}
+    if str(optimizer.get("type", "")).lower() not in ("adam", "adamw"):
+        return None
+    if optimizer.get("params", {}).get("torch_adam"):
+        return None
+    offload = config.get("zero_optimization", {}).get("offload_optimizer") or {}
+    if get_accelerator().device_name() == "cpu" or offload.get("device") in ("cpu", "nvme"):
+        return "CPUAdamBuilder"
+    return "FusedAdamBuilder"
+
+
 def build_engine(
     model: nn.Module,
     config: dict[str, Any],
@@ -236,6 +252,8 @@ def build_engine(
         def schedule(optimizer: torch.optim.Optimizer) -> LambdaLR:
             return LambdaLR(optimizer, factor)
 
+    if builder := adam_op_builder(config):
+        load_deepspeed_op(builder)  # built under advpt's lock, never waiting on a dead build
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=parameter_groups(model),

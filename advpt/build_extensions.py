@@ -1,0 +1,46 @@
+"""``python -m advpt.build_extensions``: build the C++ ops this machine's runs use, once, into
+this environment's own extensions folder (``advpt.extensions``).
+
+On a machine without a GPU that is DeepSpeed's shared-memory collectives op, which every run
+needs to join its process group (about a minute on 2 cores); on a CUDA machine, advpt's fused
+subset sampler. ``scripts/setup_env.sh`` runs it, so that no training run, test or benchmark
+pays the build, and none can be killed inside it. DeepSpeed's Adam ops are built by the first
+run whose DeepSpeed JSON asks for them (the shipped configs take torch's AdamW). Run again, it
+finds the ops built and only loads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from advpt.command import DEBUG_HELP, command
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m advpt.build_extensions", description=__doc__)
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    parser.parse_args(argv)
+
+    import deepspeed
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    from advpt.extensions import extensions_folder, load_deepspeed_op
+    from advpt.kernels import load_subset_sampler
+    from advpt.training.distributed import SHM_OP
+
+    built = []
+    if get_accelerator().device_name() == "cpu":
+        if deepspeed.ops.__compatible_ops__.get(SHM_OP):
+            load_deepspeed_op("ShareMemCommBuilder")
+            built.append(SHM_OP)
+    elif torch.cuda.is_available() and load_subset_sampler() is not None:
+        built.append("advpt_subset_sampler")
+    print(f"[advpt] {', '.join(built) or 'no op'} built in {extensions_folder()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

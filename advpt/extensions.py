@@ -1,0 +1,162 @@
+"""Torch C++ extensions (DeepSpeed's CPU communication op, advpt's fused sampler): where they
+are built, and building each one at a time without ever waiting on a dead build.
+
+``torch.utils.cpp_extension`` guards a build folder with a lock file that the building process
+creates and deletes at the end (``FileBaton``). A build killed by SIGKILL (the OOM killer, a
+scheduler's hard limit, ``kill -9``) leaves that file behind, and from then on every process
+that needs the op polls it for ever: silent, and deaf to SIGTERM. And the op's source path is
+part of torch's build hash, so two Python environments sharing ``~/.cache/torch_extensions``
+rebuild each other's op in turn, which widens that window. So:
+
+- :func:`extensions_folder` gives each environment a folder of its own (the
+  ``TORCH_EXTENSIONS_DIR`` every build reads, resolved once per process and inherited by the
+  ranks it starts), unless the user named one.
+- :func:`building` wraps a build in advpt's own lock, a ``flock`` on ``<name>.advpt-lock`` beside
+  the build folder, which the kernel releases when its holder dies, however it dies. Under it no
+  other advpt process builds that op, so in advpt's own folder a torch lock file found there was
+  left by a dead build: it is removed, with a line saying so. In a folder the user named, other
+  programs may build too: a torch lock there is waited on until it is :data:`STALE_S` old.
+- Every wait longer than :data:`QUIET_S` says what it waits for and which file to delete if
+  nothing is building, and a stop signal ends it (``Stopped``: exit 75), as it ends a build in
+  progress (torch then removes its own lock).
+
+``python -m advpt.build_extensions`` builds the ops of this machine once, at set-up
+(``scripts/setup_env.sh``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import IO
+
+from advpt.command import stopping_on_signals
+
+ENV = "TORCH_EXTENSIONS_DIR"
+STALE_S = 600.0
+"""A torch lock file this old in a folder the user named is a dead build's: the slowest build
+advpt starts (DeepSpeed's CPU Adam on 2 cores) takes about 3 minutes."""
+QUIET_S = 5.0
+"""How long a wait goes unannounced."""
+POLL_S = 0.2
+
+_OWN = "ADVPT_OWN_EXTENSIONS_DIR"  # set with ENV when advpt chose the folder (ranks inherit it)
+
+
+def extensions_folder() -> Path:
+    """The folder torch builds extensions in for this process and the ranks it starts.
+
+    ``TORCH_EXTENSIONS_DIR`` where the user set it; otherwise this environment's own:
+    ``<sys.prefix>/var/advpt/torch_extensions`` where the environment can be written (a
+    virtual or conda environment), else ``~/.cache/advpt/torch_extensions/<hash of
+    sys.prefix>``; resolved once, into ``TORCH_EXTENSIONS_DIR``.
+    """
+    if os.environ.get(ENV):
+        return Path(os.environ[ENV])
+    prefix = Path(sys.prefix)
+    if os.access(prefix, os.W_OK):
+        folder = prefix / "var" / "advpt" / "torch_extensions"
+    else:
+        tag = hashlib.sha256(str(prefix.resolve()).encode()).hexdigest()[:12]
+        folder = Path.home() / ".cache" / "advpt" / "torch_extensions" / tag
+    os.environ[ENV] = str(folder)
+    os.environ[_OWN] = str(folder)
+    return folder
+
+
+def _own_folder(folder: Path) -> bool:
+    """Whether advpt chose ``folder`` (so that only advpt builds there)."""
+    return os.environ.get(_OWN) == str(folder)
+
+
+@contextlib.contextmanager
+def building(name: str) -> Iterator[Path]:
+    """While entered, this process alone among advpt's builds extension ``name``; yields its
+    build folder, free of any lock a dead build left. A stop signal during the wait or the
+    build raises ``Stopped`` (exit 75)."""
+    folder = extensions_folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    with stopping_on_signals(), open(folder / f"{name}.advpt-lock", "a+") as lock:
+        _wait(
+            lambda: _try_flock(lock),
+            lambda: f"another advpt process ({_holder(lock)}) to build {name} in {folder}",
+        )
+        lock.truncate(0)
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        lock.flush()
+        try:
+            _clear_dead_build(folder / name, name)
+            yield folder / name
+        finally:
+            lock.truncate(0)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def load_deepspeed_op(builder_name: str) -> ModuleType | None:
+    """DeepSpeed's op of ``builder_name`` (``"ShareMemCommBuilder"``, ``"CPUAdamBuilder"``,
+    ``"FusedAdamBuilder"``) for this machine's accelerator, built under :func:`building`, or
+    None where the accelerator has no such op. DeepSpeed keeps what it loaded, so its own later
+    ``load()`` of that op is this one."""
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder(builder_name)
+    if builder is None:
+        return None
+    with building(builder.NAME):
+        return builder.load()
+
+
+def _try_flock(lock: IO[str]) -> bool:
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _holder(lock: IO[str]) -> str:
+    """Who holds ``lock``, as its holder wrote it down."""
+    lock.seek(0)
+    return lock.read().strip() or "starting"
+
+
+def _clear_dead_build(build: Path, name: str) -> None:
+    """Remove torch's lock file in ``build`` where no build can hold it any more (see the
+    module's docstring)."""
+    baton = build / "lock"
+    if not baton.exists():
+        return
+    if not _own_folder(build.parent):
+        _wait(
+            lambda: not baton.exists() or time.time() - baton.stat().st_mtime > STALE_S,
+            lambda: (
+                f"a build of {name} in {build} (delete {baton} if nothing is building; it "
+                f"is taken as a dead build's once {STALE_S:.0f} s old)"
+            ),
+        )
+    with contextlib.suppress(FileNotFoundError):
+        baton.unlink()
+        print(
+            f"[advpt] removed {baton}, left by a build of {name} that was killed",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _wait(done: Callable[[], bool], what: Callable[[], str]) -> None:
+    """Poll ``done()`` until it holds; after :data:`QUIET_S` say once what is waited for."""
+    start = time.monotonic()
+    announced = False
+    while not done():
+        if not announced and time.monotonic() - start > QUIET_S:
+            print(f"[advpt] waiting for {what()}", file=sys.stderr, flush=True)
+            announced = True
+        time.sleep(POLL_S)
