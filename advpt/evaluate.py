@@ -7,6 +7,9 @@ initialised encoder of each model's shape, so that a reader sees what pre-traini
 data comes from installed packages, prepared once into a cache
 (:mod:`advpt.downstream.prepare`). Writes ``results.json``, ``results.md`` and ``results.png``
 to ``--out`` and prints the table. Seeded: the same command gives the same numbers.
+
+With ``--proteingym DIR`` it runs ProteinGym's zero-shot substitution benchmark from the user's
+copy instead, scored and averaged as ProteinGym does (:mod:`advpt.downstream.proteingym_run`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import torch
 from advpt.command import command, stopping_on_signals
 from advpt.config.cli import parse
 from advpt.config.evaluate import EvaluateConfig
-from advpt.downstream import prepare, results
+from advpt.downstream import prepare, proteingym_results, proteingym_run, results
+from advpt.downstream.proteingym_run import open_benchmark
 from advpt.downstream.suite import Inputs, Subject, context_free, encoder_subject, run_suite
 from advpt.errors import OutputError
 from advpt.inference import load_for_inference, pick_device
@@ -63,11 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     config = parse(EvaluateConfig, argv)
     out = check_out(config)
     start = time.perf_counter()
+    gym = None
     with stopping_on_signals():
         device = pick_device(config.device)
+        if config.proteingym:
+            gym = open_benchmark(config.proteingym, config.proteingym_reference, config.assays)
         subjects = subjects_of(config, device)
-        inputs = Inputs(config, prepare.ensure(config.cache, config.data_limit))
-        run_suite(subjects, inputs, print)
+        if gym is not None:
+            scored = proteingym_run.run(gym, subjects, out, config.tokens_per_batch, print)
+        else:
+            inputs = Inputs(config, prepare.ensure(config.cache, config.data_limit))
+            run_suite(subjects, inputs, print)
     header = {
         "command": "python -m advpt.evaluate " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": datetime.date.today().isoformat(),
@@ -75,9 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         "config": {k: v for k, v in vars(config).items()},
         "device": str(device),
     }
-    written = results.write(out, header, subjects)
+    if gym is not None:
+        written, table = proteingym_results.write(out, header, gym, scored, subjects)
+    else:
+        written, table = results.write(out, header, subjects), results.markdown_table(subjects)
     print()
-    print(results.markdown_table(subjects))
+    print(table)
     print(f"results: {', '.join(str(p) for p in written)} ({header['seconds']:.0f} s)")
     return 0
 

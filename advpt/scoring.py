@@ -5,6 +5,7 @@ and its ProteinGym benchmark share.
   multi-mutants ``A24G:K30R``, 1-based positions), checked against its wild type;
 * :func:`masked_marginals`: the log-probabilities at each mutated site with that site masked in
   the wild type, each distinct site one sequence of batched forward passes;
+* :func:`site_log_odds`: each site's ``log p(mutant) - log p(wild type)`` from them;
 * :func:`window_start`: the window a wild type longer than the model's window is cut to around
   a site, the "optimal" rule of ProteinGym's ESM baselines.
 """
@@ -15,6 +16,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -114,3 +116,28 @@ def masked_marginals(
         if progress is not None:
             progress(len(chunk))
     return out
+
+
+def site_log_odds(
+    model: MaskedLanguageModel,
+    sequence: str,
+    positions: np.ndarray,
+    wild: np.ndarray,
+    mutant: np.ndarray,
+    tokens_per_batch: int,
+    window: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> np.ndarray:
+    """``log p(mutant) - log p(wild type)`` (float64 ``[S]``) at each of ``S`` sites of the wild
+    type ``sequence``: 1-based ``positions`` ``[S]``, the letters' bytes ``wild`` and ``mutant``
+    ``[S]``. The masked marginals of each distinct position are computed once, on the model's
+    device, in ``window`` tokens (:func:`masked_marginals`)."""
+    vocab = model.encoder.cfg.vocabulary
+    device = next(model.parameters()).device
+    ids = torch.from_numpy(vocab.encode(sequence)).to(device)
+    distinct = np.unique(positions)  # [U]
+    table = masked_marginals(model, ids, distinct.tolist(), tokens_per_batch, window, progress)
+    log_p = torch.stack([table[p] for p in distinct.tolist()]).double().numpy()  # [U, V]
+    at = np.searchsorted(distinct, positions)  # [S]
+    to_id = vocab.byte_to_id.astype(np.int64)
+    return log_p[at, to_id[mutant]] - log_p[at, to_id[wild]]

@@ -31,6 +31,16 @@ class EvaluateConfig(Section):
     tasks: str = ",".join(TASKS)
     """Comma-separated tasks to run: secondary_structure, zero_shot, supervised, stability,
     localisation."""
+    proteingym: str = ""
+    """Run ProteinGym's zero-shot substitution benchmark instead of the tasks: the folder of its
+    assay CSVs (DMS_ProteinGym_substitutions, as its zip unpacks). Scoring files go to
+    --out/scores/, one per assay; a stopped run continues when run again (docs/evaluate.md)."""
+    proteingym_reference: str = ""
+    """ProteinGym's reference file (reference_files/DMS_substitutions.csv of its repository);
+    empty is DMS_substitutions.csv in the --proteingym folder."""
+    assays: str = ""
+    """With --proteingym: comma-separated DMS_ids or shell patterns (SPG1_*) of the assays to
+    run; empty runs every assay of the reference file."""
     size: Size = "cpu"
     """cpu: samples of each task sized for a 2-core machine (about 10 minutes for a small
     encoder); full: every chain, protein and variant of each task. The counts below override it
@@ -102,4 +112,8 @@ class EvaluateConfig(Section):
             (self.max_residues >= 1, "--max_residues must be positive"),
             (self.data_limit is None or self.data_limit >= 1, "--data_limit must be positive"),
             (self.tokens_per_batch >= 1, "--tokens_per_batch must be positive"),
+            (
+                bool(self.proteingym) or not (self.assays or self.proteingym_reference),
+                "--assays and --proteingym_reference need --proteingym",
+            ),
         ]

@@ -1,0 +1,212 @@
+"""The ProteinGym benchmark's results: ``results.json``, ``results.md`` and ``results.png``.
+
+The summary is each metric of :data:`~advpt.downstream.proteingym_metrics.METRICS` averaged as
+ProteinGym averages it, with its bootstrap standard error, one row per subject; the per-assay
+tables follow, one per metric. Every number is headed by the metric it is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from advpt.downstream.proteingym_metrics import METRICS, Summary, summarise
+from advpt.downstream.proteingym_run import SCORES, TASK, Benchmark, Scored
+from advpt.downstream.suite import Subject
+from advpt.errors import WRITE_ERRORS, cannot_write
+from advpt.inference import atomic_output
+
+
+def summaries(results: list[Scored], names: list[str], seed: int) -> dict[str, Summary]:
+    """Each metric's :class:`Summary` over the assays of ``results`` for the subjects
+    ``names``."""
+    proteins = [r.data.assay.uniprot_id for r in results]
+    types = [r.data.assay.selection_type for r in results]
+    out = {}
+    for metric in METRICS:
+        values = np.array([[r.metrics[n][metric] for n in names] for r in results])  # [A, S]
+        out[metric] = summarise(values, proteins, types, seed)
+    return out
+
+
+def keep_scores(subjects: list[Subject], names: list[str], summary: dict[str, Summary]) -> None:
+    """Each scored subject's averages into its ``scores[TASK]``."""
+    for subject in subjects:
+        if subject.name in names:
+            i = names.index(subject.name)
+            subject.scores[TASK] = {m: float(s.average[i]) for m, s in summary.items()}
+
+
+def _number(x: float) -> float | None:
+    """``x`` rounded for the results, None (JSON null) for NaN."""
+    return None if math.isnan(x) else round(float(x), 4)
+
+
+def as_json(
+    header: dict[str, Any],
+    benchmark: Benchmark,
+    results: list[Scored],
+    names: list[str],
+    summary: dict[str, Summary],
+    subjects: list[Subject],
+) -> dict[str, Any]:
+    return {
+        **header,
+        "benchmark": {
+            "name": "ProteinGym zero-shot substitutions",
+            "folder": str(benchmark.folder),
+            "reference": str(benchmark.reference),
+            "assays": len(results),
+            "proteins": len({r.data.assay.uniprot_id for r in results}),
+            "variants": sum(r.data.rows for r in results),
+        },
+        "metrics": METRICS,
+        "summary": {
+            metric: {
+                "average": {n: _number(s.average[i]) for i, n in enumerate(names)},
+                "bootstrap_standard_error": {
+                    n: _number(s.standard_error[i]) for i, n in enumerate(names)
+                },
+                "by_selection_type": {
+                    kind: {n: _number(v[i]) for i, n in enumerate(names)}
+                    for kind, v in s.by_type.items()
+                },
+            }
+            for metric, s in summary.items()
+        },
+        "assays": [
+            {
+                "DMS_id": r.data.assay.dms_id,
+                "UniProt_ID": r.data.assay.uniprot_id,
+                "coarse_selection_type": r.data.assay.selection_type,
+                "variants": r.data.rows,
+                "scoring_file": f"{SCORES}/{r.data.assay.dms_id}.csv",
+                "metrics": {n: {m: _number(v) for m, v in r.metrics[n].items()} for n in names},
+            }
+            for r in results
+        ],
+        "subjects": [
+            {
+                "name": s.name,
+                "kind": s.kind,
+                "scores": {TASK: {m: _number(v) for m, v in s.scores[TASK].items()}},
+                "seconds": s.seconds,
+            }
+            for s in subjects
+            if s.name in names
+        ],
+    }
+
+
+def _cell(x: float, digits: int = 3) -> str:
+    return "-" if math.isnan(x) else f"{x:.{digits}f}"
+
+
+def markdown(
+    results: list[Scored], names: list[str], kinds: list[str], summary: dict[str, Summary]
+) -> str:
+    """The summary table (each metric's average ± its standard error), the Spearman table per
+    selection type, and a per-assay table per metric."""
+    lines = [
+        f"ProteinGym zero-shot substitutions: {len(results)} assays of "
+        f"{len({r.data.assay.uniprot_id for r in results})} proteins, "
+        f"{sum(r.data.rows for r in results):,} variants. Each metric is averaged per UniProt_ID "
+        "and coarse_selection_type, then per type, then over the types (ProteinGym's "
+        "performance_DMS_benchmarks.py); ± is its bootstrap standard error of the difference "
+        "from the best subject.",
+        "",
+        *(f"- {metric}: {text}" for metric, text in METRICS.items()),
+        "",
+        "| subject | kind | " + " | ".join(METRICS) + " |",
+        "| --- | --- |" + " ---: |" * len(METRICS),
+    ]
+    for i, (name, kind) in enumerate(zip(names, kinds, strict=True)):
+        cells = [f"{_cell(s.average[i])} ± {_cell(s.standard_error[i])}" for s in summary.values()]
+        lines.append(f"| {name} | {kind} | " + " | ".join(cells) + " |")
+    spearman = summary["Spearman"]
+    lines += [
+        "",
+        "Spearman by coarse_selection_type:",
+        "",
+        "| subject | " + " | ".join(spearman.by_type) + " |",
+        "| --- |" + " ---: |" * len(spearman.by_type),
+    ]
+    for i, name in enumerate(names):
+        cells = " | ".join(_cell(v[i]) for v in spearman.by_type.values())
+        lines.append(f"| {name} | {cells} |")
+    for metric in METRICS:
+        lines += [
+            "",
+            f"{metric} per assay:",
+            "",
+            "| DMS_id | UniProt_ID | coarse_selection_type | variants | "
+            + " | ".join(names)
+            + " |",
+            "| --- | --- | --- | ---: |" + " ---: |" * len(names),
+        ]
+        for r in results:
+            a = r.data.assay
+            cells = " | ".join(_cell(r.metrics[n][metric]) for n in names)
+            lines.append(
+                f"| {a.dms_id} | {a.uniprot_id} | {a.selection_type} | {r.data.rows:,} | {cells} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot(names: list[str], summary: dict[str, Summary], path: Path) -> bool:
+    """A panel per metric, a bar per subject with its standard error; False without
+    matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, len(summary), figsize=(2.4 * len(summary), 3.8), squeeze=False)
+    colours = [f"C{i}" for i in range(len(names))]
+    for ax, (metric, s) in zip(axes[0], summary.items(), strict=True):
+        ax.bar(range(len(names)), s.average, yerr=s.standard_error, color=colours, capsize=3)
+        ax.set_title(metric, fontsize=9)
+        ax.set_xticks([])
+        ax.axhline(0, color="black", linewidth=0.5)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours]
+    fig.legend(handles, names, loc="lower center", ncol=min(3, len(names)), fontsize=8)
+    fig.suptitle("ProteinGym zero-shot substitutions", fontsize=10)
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
+    with atomic_output(path) as staging:
+        fig.savefig(staging, dpi=110, format="png")
+    plt.close(fig)
+    return True
+
+
+def write(
+    out: Path,
+    header: dict[str, Any],
+    benchmark: Benchmark,
+    results: list[Scored],
+    subjects: list[Subject],
+) -> tuple[list[Path], str]:
+    """``results.json``, ``results.md`` and ``results.png`` (with matplotlib) in ``out``; the
+    paths written and the Markdown."""
+    names = list(results[0].scores)
+    kinds = [next(s.kind for s in subjects if s.name == n) for n in names]
+    summary = summaries(results, names, header["config"]["seed"])
+    keep_scores(subjects, names, summary)
+    text = markdown(results, names, kinds, summary)
+    document = as_json(header, benchmark, results, names, summary, subjects)
+    written = [out / "results.json", out / "results.md"]
+    try:
+        with atomic_output(written[0]) as staging:
+            staging.write_text(json.dumps(document, indent=2) + "\n")
+        with atomic_output(written[1]) as staging:
+            staging.write_text(text)
+        if plot(names, summary, out / "results.png"):
+            written.append(out / "results.png")
+    except WRITE_ERRORS as err:
+        raise cannot_write(err, out) from err
+    return written, text
