@@ -26,7 +26,8 @@
 #   --wheels DIR   where the wheels are (default wheels/ in the checkout); a relative DIR, here
 #                  and for --out and --previous, is taken from the current directory
 #   --previous F   an earlier gpu_check.json to merge this run into: its steps stay where this
-#                  run has none of the same name (with --only: one table of both)
+#                  run has none of the same name (with --only: one table of both); it must be
+#                  of this run's kind (a GPU run or a rehearsal), checked before any step
 #   --only STEPS   run only these steps (comma-separated; to re-run the ones that failed)
 #   --no-install   use the environment as it is (advpt's dependencies already installed)
 #   --install      install from the wheels with --cpu too
@@ -39,10 +40,12 @@
 # GPU_CHECK_COMMIT names the advpt commit in the results where the checkout has no .git.
 #
 # Each step runs under its own time limit, all of them under one deadline (GPU_CHECK_SECONDS,
-# default 480) so that the command ends inside a nine-minute limit: a step that fails or runs out
-# of time is recorded and the next one still runs; a step the deadline leaves no time for is
-# recorded as skipped. The exit status is 1 if any step did not succeed, 2 for a usage error or
-# a missing wheel. Build caches (installed packages, run directories and, on a GPU, compiled ops
+# whole seconds, default 480) so that the command ends inside a nine-minute limit: a step that
+# fails or runs out of time is recorded and the next one still runs; a step the deadline leaves
+# no time for is recorded as skipped. A longer deadline lengthens every step's limit in
+# proportion (GPU_CHECK_SECONDS=3600 for a rehearsal on a slow or busy machine). The exit status
+# is 1 if any step did not succeed, 2 for a usage error, a missing wheel or a --previous that
+# cannot be merged. Build caches (installed packages, run directories and, on a GPU, compiled ops
 # unless TORCH_EXTENSIONS_DIR says otherwise) go to GPU_CHECK_CACHE (default
 # runs/gpu_check_cache), so a second run on the same machine reuses the first one's builds.
 set -uo pipefail
@@ -81,7 +84,8 @@ while [ $# -gt 0 ]; do
         --previous) [ $# -ge 2 ] || die "--previous needs a file"
             PREVIOUS="$(from_caller "$2")"; shift 2
             [ -f "$PREVIOUS" ] || die "--previous $PREVIOUS is not a file" ;;
-        --only) [ $# -ge 2 ] || die "--only needs step names"; ONLY="${2//,/ }"; shift 2 ;;
+        --only) [ $# -ge 2 ] || die "--only needs step names"; ONLY="${2//,/ }"; shift 2
+            [ -n "${ONLY// /}" ] || die "--only needs step names, not an empty list" ;;
         --no-install) INSTALL=0; shift ;;
         --install) INSTALL=1; shift ;;
         --cpu) CPU=1; shift ;;
@@ -93,6 +97,18 @@ for name in $ONLY; do
     [[ " $STEPS " == *" $name "* ]] || die "there is no step '$name'; the steps: $STEPS"
 done
 [ "$COMMAND" = report ] && [ -n "$ONLY$PREVIOUS" ] && die "report takes --out only"
+PYTHON="${PYTHON:-python3}"
+if [ "$COMMAND" = report ]; then
+    exec "$PYTHON" scripts/gpu_report.py render "$OUT"
+fi
+DEFAULT_SECONDS=480
+DEADLINE_SECONDS="${GPU_CHECK_SECONDS:-$DEFAULT_SECONDS}"
+[[ "$DEADLINE_SECONDS" =~ ^[1-9][0-9]*$ ]] \
+    || die "GPU_CHECK_SECONDS must be a whole number of seconds above 0, not '$DEADLINE_SECONDS'"
+# Before anything is written: a file that cannot be merged would lose this run's results.
+if [ -n "$PREVIOUS" ]; then
+    "$PYTHON" scripts/gpu_report.py previous "$PREVIOUS" --rehearsal "$CPU" || exit 2
+fi
 
 # The wheels of scripts/gpu_wheels.txt in $WHEELS, one per pin, into WHEEL_FILES; before
 # anything is written, so that a missing wheel stops the check with nothing half-done.
@@ -133,13 +149,9 @@ install_wheels() {
 }
 
 INSTALL="${INSTALL:-$((1 - CPU))}" # a GPU run installs, a rehearsal uses what is there
-[ "$INSTALL" = 1 ] && [ "$COMMAND" = all ] && find_wheels
-PYTHON="${PYTHON:-python3}"
+[ "$INSTALL" = 1 ] && find_wheels
 mkdir -p "$OUT" || die "cannot make --out $OUT"
 OUT="$(cd "$OUT" && pwd)"
-if [ "$COMMAND" = report ]; then
-    exec "$PYTHON" scripts/gpu_report.py render "$OUT"
-fi
 
 CACHE="${GPU_CHECK_CACHE:-runs/gpu_check_cache}"
 mkdir -p "$CACHE"
@@ -151,7 +163,8 @@ mkdir -p "$RAW"
 LOG="$OUT/gpu_check.log"
 : >"$LOG"
 exec > >(tee -a "$LOG") 2> >(tee -a "$LOG" >&2)
-DEADLINE=$((SECONDS + ${GPU_CHECK_SECONDS:-480}))
+DEADLINE=$((SECONDS + DEADLINE_SECONDS))
+STRETCH=$((DEADLINE_SECONDS > DEFAULT_SECONDS ? DEADLINE_SECONDS : DEFAULT_SECONDS))
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export GPU_CHECK_CPU="$CPU" RAW
@@ -164,10 +177,10 @@ elif [ -z "${TORCH_EXTENSIONS_DIR:-}" ]; then
     find "$TORCH_EXTENSIONS_DIR" -name lock -type f -delete 2>/dev/null
 fi
 
-# step NAME LIMIT COMMAND...: run COMMAND for at most LIMIT seconds (less if the deadline is
-# nearer) and record its name, status and time in $RAW/steps.jsonl.
+# step NAME LIMIT COMMAND...: run COMMAND for at most LIMIT seconds (stretched by a longer
+# deadline, cut by a nearer one) and record its name, status and time in $RAW/steps.jsonl.
 step() {
-    local name="$1" limit="$2" status start rc
+    local name="$1" limit=$(($2 * STRETCH / DEFAULT_SECONDS)) status start rc
     shift 2
     if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then
         return

@@ -1,5 +1,6 @@
 """The results of ``scripts/gpu_check.sh``: one JSON file of everything, one table of figures.
 
+    python scripts/gpu_report.py previous FILE [--rehearsal 0|1]
     python scripts/gpu_report.py collect RAW OUT [--rehearsal 0|1] [--previous FILE]
     python scripts/gpu_report.py render OUT
 
@@ -9,7 +10,9 @@ JUnit XML, the pre-training runs' metrics, the environment) into ``OUT/gpu_check
 the figures to ``OUT/gpu_check.json`` and writes ``OUT/gpu_check.md``: one row per figure of
 docs/benchmarks.md with its goal, the value measured, whether it meets the goal, and the exact
 command. A figure whose step did not run, failed or was skipped reads "not measured" with the
-reason: nothing is estimated.
+reason: nothing is estimated. ``previous`` checks that FILE can be merged into a run of the
+given kind, before the check runs any step. A file that cannot be used ends in one
+``gpu_check: error:`` line, exit 2.
 """
 
 from __future__ import annotations
@@ -24,8 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from advpt.training.run_dir import RunDir
-
 RESULTS = "gpu_check.json"
 TABLE = "gpu_check.md"
 # The goals of issue 36 (docs/benchmarks.md).
@@ -39,18 +40,56 @@ COST_GOALS = {"random-40": None, "alternating": 1.6, "simultaneous": None,
               "sparse-simultaneous": 1.15}  # fmt: skip
 
 
+class Refused(Exception):
+    """A file gpu_check cannot use, in one sentence that names it."""
+
+
+MERGED = ("steps", "pretraining", "benchmarks")  # what --previous merges: objects by name
+
+
+def load_results(path: Path, what: str) -> dict[str, Any]:
+    """The results in ``path`` (a gpu_check.json; ``what`` names it in a refusal), checked."""
+    try:
+        result = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise Refused(f"{what} {path} does not exist") from None
+    except OSError as error:
+        raise Refused(f"{what} {path} cannot be read: {error.strerror}") from None
+    except ValueError as error:  # not JSON, or not UTF-8
+        raise Refused(f"{what} {path} is not JSON ({error})") from None
+    usable = isinstance(result, dict) and isinstance(result.get("rehearsal"), bool)
+    if not usable or not all(isinstance(result.get(key), dict) for key in MERGED):
+        raise Refused(f"{what} {path} is not the {RESULTS} of a gpu_check run")
+    return result
+
+
+def load_previous(path: Path, rehearsal: bool) -> dict[str, Any]:
+    """The earlier results ``--previous`` names, of this run's kind (rehearsal or GPU run)."""
+    earlier = load_results(path, "--previous")
+    if earlier["rehearsal"] != rehearsal:
+        kinds = ("a GPU run", "a rehearsal") if rehearsal else ("a rehearsal", "a GPU run")
+        raise Refused(f"--previous {path} holds {kinds[0]}'s results; {kinds[1]} does not mix "
+                      "with them")  # fmt: skip
+    return earlier
+
+
 # ----------------------------------------------------------------------------- collect
 
 
 def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text()) if path.is_file() else None
+    """A benchmark's JSON file; None where its step wrote none or was stopped writing it."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _tests(path: Path) -> dict[str, Any] | None:
     """Counts and failed test names of a pytest JUnit XML file."""
-    if not path.is_file():
+    try:
+        root = ElementTree.parse(path).getroot()
+    except (OSError, ElementTree.ParseError):  # none written, or cut short by a stop
         return None
-    root = ElementTree.parse(path).getroot()
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     counts = {key: sum(int(s.get(key, 0)) for s in suites) for key in
               ("tests", "failures", "errors", "skipped")}  # fmt: skip
@@ -64,11 +103,13 @@ def _tests(path: Path) -> dict[str, Any] | None:
 
 def _pretraining(raw: Path) -> dict[str, Any]:
     """Each pre-training run's logged encoder losses, last validation loss and throughput."""
+    from advpt.training.run_dir import RunDir  # here: advpt's dependencies are installed now
+
     runs = {}
     for run_dir in sorted(raw.glob("pretrain-*")):
         metrics = RunDir(run_dir).metrics
         lines = metrics.read_text().splitlines() if metrics.is_file() else []
-        records = [json.loads(line) for line in lines if line.strip()]
+        records = [record for record in map(_read_record, lines) if record is not None]
         validation = [r["val_loss"] for r in records if "val_loss" in r]
         speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
         runs[run_dir.name.removeprefix("pretrain-")] = {
@@ -78,6 +119,14 @@ def _pretraining(raw: Path) -> dict[str, Any]:
             "tokens_per_s": speeds[-1] if speeds else None,
         }
     return runs
+
+
+def _read_record(line: str) -> dict[str, Any] | None:
+    """A line of a run's metrics.jsonl; None for the last one cut short by the step's limit."""
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 def collect(raw: Path, out: Path, rehearsal: bool, previous: Path | None = None) -> Path:
@@ -94,13 +143,11 @@ def collect(raw: Path, out: Path, rehearsal: bool, previous: Path | None = None)
                        if path.stem != "environment"},
     }  # fmt: skip
     if previous is not None:
-        earlier = json.loads(previous.read_text())
-        if earlier["rehearsal"] != rehearsal:
-            raise SystemExit(f"--previous {previous}: a rehearsal and a GPU run do not mix")
-        for key in ("steps", "pretraining", "benchmarks"):
+        earlier = load_previous(previous, rehearsal)
+        for key in MERGED:
             result[key] = {**earlier[key], **result[key]}
-        result["tests"] = result["tests"] or earlier["tests"]
-        result["earlier_environment"] = earlier["environment"]
+        result["tests"] = result["tests"] or earlier.get("tests")
+        result["earlier_environment"] = earlier.get("environment")
     path = out / RESULTS
     path.write_text(json.dumps(result, indent=2) + "\n")
     return path
@@ -340,9 +387,9 @@ def _verdict(meets: bool | None) -> str:
 
 def render(out: Path) -> tuple[Path, Path]:
     path = out / RESULTS
-    if not path.is_file():
-        raise SystemExit(f"{path} does not exist: run bash scripts/gpu_check.sh first")
-    result = json.loads(path.read_text())
+    if not path.exists():
+        raise Refused(f"{out} holds no {RESULTS}: run bash scripts/gpu_check.sh --out {out} first")
+    result = load_results(path, "the results")
     result["figures"] = [figure.row(result) for figure in FIGURES]
     path.write_text(json.dumps(result, indent=2) + "\n")
 
@@ -375,6 +422,9 @@ def render(out: Path) -> tuple[Path, Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    check = commands.add_parser("previous", help="check an earlier gpu_check.json to merge into")
+    check.add_argument("file", type=Path)
+    check.add_argument("--rehearsal", type=int, choices=(0, 1), default=0)
     pack = commands.add_parser("collect", help="pack one run's results into OUT/gpu_check.json")
     pack.add_argument("raw", type=Path)
     pack.add_argument("out", type=Path)
@@ -383,13 +433,23 @@ def main(argv: list[str] | None = None) -> int:
     table = commands.add_parser("render", help="the figures and gpu_check.md from OUT")
     table.add_argument("out", type=Path)
     args = parser.parse_args(argv)
-    if args.command == "collect":
+    try:
+        _run(args)
+    except Refused as error:
+        print(f"gpu_check: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _run(args: argparse.Namespace) -> None:
+    if args.command == "previous":
+        load_previous(args.file, bool(args.rehearsal))
+    elif args.command == "collect":
         print(f"wrote {collect(args.raw, args.out, bool(args.rehearsal), args.previous)}")
     else:
         results, table_path = render(args.out)
         print(table_path.read_text())
         print(f"wrote {results} and {table_path}")
-    return 0
 
 
 if __name__ == "__main__":
