@@ -17,17 +17,27 @@ written beside its place and moved in when complete, so a stopped or failed prep
 nothing. The mutational scans need no preparation (:mod:`advpt.downstream.dms` reads them in
 seconds), but their four files are copied into ``scans/`` so that the entry holds all the
 suite reads (33 MB): carried to a machine that lacks one of the packages (a GPU machine, say),
-a complete entry is used as it is. Nothing is downloaded: a missing package
-is one sentence naming it.
+a complete entry is used as it is. The manifest also holds the size of each file of the entry:
+a file cut short or gone (a full disk, a partial copy) makes the entry anew where its sources
+are, and is one sentence where they are not; an entry is never read half.
+
+Each source is found where its package installs it, unless a flag or an environment variable
+names it (:data:`DATA_SOURCES`): the StructureDB file (``--structure_db``, ``$ADVPT_STRUCTURE_DB``),
+the folder of the Swiss-Prot BLAST databases (``--swissprot``, ``$ADVPT_SWISSPROT``) and the
+folder of the scan files (``--scans``, ``$ADVPT_SCANS``). Nothing is downloaded: a missing
+source is one sentence naming its flag, its variable and its package.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
+import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,11 +49,11 @@ from advpt.data.homology import cluster_ids, split_clusters
 from advpt.data.keyed import Permutation
 from advpt.data.prepare import building, source_entry
 from advpt.downstream.dms import SCANS, SOURCES, datasets_dir
-from advpt.downstream.localisation import SWISSPROT, read_localisation
+from advpt.downstream.localisation import ANNOTATIONS, SWISSPROT, read_localisation
 from advpt.downstream.structure_db import STRUCTURE_DB, read_structure_db
 from advpt.errors import ConfigError, DataError, cannot_write
 
-VERSION = 2  # of the entry's layout and of how it is made: a change makes every entry anew
+VERSION = 3  # of the entry's layout and of how it is made: a change makes every entry anew
 CACHE_ENV = "ADVPT_EVAL_CACHE"
 IDENTITY, COVERAGE = 0.3, 0.8  # MMseqs2 clusters: 30% identity over 80% of both sequences
 HELD_OUT = (0.1, 0.1)  # shares of the clusters on the validation and test sides
@@ -87,7 +97,7 @@ class Proteins:
         try:
             with np.load(path) as npz:
                 return cls(**{k: npz[k] for k in cls.__dataclass_fields__})
-        except (OSError, ValueError, KeyError) as err:
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
             raise DataError(
                 f"prepared evaluation file {path} cannot be read ({err}); delete it and run "
                 "python -m advpt.downstream.prepare"
@@ -146,62 +156,150 @@ class EvalData:
         return Proteins.load(self.folder / "localisation.npz")
 
 
-def _source_files(structure_db: Path, swissprot: Path) -> dict[str, Path]:
-    cco = swissprot / "CCO"
-    files = {"structure_db": structure_db, "cco_annotations": cco / "goasp_annot.dat"}
-    files |= {"cco_sequences": cco / "goasp.fasta.psq"}
+def _mavenn_scans() -> Path | None:
+    """MAVE-NN's folder of scan files where it is installed."""
     try:
-        scans = datasets_dir()
-    except DataError:  # mavenn not installed: the scans' entries are absent, as a package's
-        return files
-    return files | {name: scans / SOURCES[name].file for name in SCANS}
+        return datasets_dir()
+    except DataError:
+        return None
 
 
-def _copy_scans(files: dict[str, Path], folder: Path) -> None:
-    folder.mkdir()
-    for name in SCANS:
-        if name not in files:
-            datasets_dir()  # raises the sentence naming the missing package
-        shutil.copyfile(files[name], folder / files[name].name)
+@dataclass(frozen=True)
+class Source:
+    """A source of the suite's data: where its package installs it unless its flag or its
+    environment variable names it, and the files of it that the entry is made from."""
+
+    flag: str
+    env: str
+    what: str  # what the flag names
+    package: str
+    installed: Callable[[], Path | None]
+    files: Callable[[Path], dict[str, Path]]  # manifest key -> file, for the source's path
+
+    def locate(self, given: str = "") -> Path | None:
+        """``given`` (the flag's value), else ``$env``, else where the package installs it
+        (None: it is not installed)."""
+        named = given or os.environ.get(self.env, "")
+        return Path(named) if named else self.installed()
+
+    def missing(self, path: Path | None) -> str | None:
+        """The sentence for the first of its files that ``path`` lacks; None if it has them."""
+        absent = [file for file in self.files(path).values() if not file.is_file()] if path else []
+        if path is not None and not absent:
+            return None
+        name = f"{absent[0]}: name {self.what}" if absent else f"{self.what}: name it"
+        return (
+            f"cannot find {name} with {self.flag} or ${self.env}, or install {self.package} "
+            "(docs/evaluate.md)"
+        )
 
 
-def _is_current(folder: Path, sources: dict[str, dict] | None) -> bool:
-    """Whether ``folder`` is a complete entry of this version made from ``sources`` (None: from
-    any, for an entry used where its packages are not installed)."""
+DATA_SOURCES = {
+    "structure_db": Source(
+        "--structure_db", "ADVPT_STRUCTURE_DB", "ProMod3's StructureDB file (structure_db.dat)",
+        "Debian's promod3-data", lambda: STRUCTURE_DB, lambda path: {"structure_db": path},
+    ),
+    "swissprot": Source(
+        "--swissprot", "ADVPT_SWISSPROT",
+        "metastudent-data's folder of Swiss-Prot BLAST databases (dataset_201401)",
+        "Debian's metastudent-data", lambda: SWISSPROT,
+        lambda path: {
+            "cco_annotations": path / ANNOTATIONS,
+            "cco_sequences": path / "CCO" / "goasp.fasta.psq",
+        },
+    ),
+    "scans": Source(
+        "--scans", "ADVPT_SCANS", "the folder of MAVE-NN's scan files (*_data.csv.gz)",
+        "mavenn==1.1.4 from PyPI with pip's --no-deps", _mavenn_scans,
+        lambda path: {name: path / SOURCES[name].file for name in SCANS},
+    ),
+}  # fmt: skip
+"""The suite's sources, by the name of their flag (without its dashes)."""
+
+
+def _files_of(located: dict[str, Path | None]) -> dict[str, Path]:
+    """Manifest key -> file, of every source that was found."""
+    files: dict[str, Path] = {}
+    for name, path in located.items():
+        if path is not None:
+            files |= DATA_SOURCES[name].files(path)
+    return files
+
+
+def _manifest(folder: Path) -> dict | None:
+    """The manifest of the entry ``folder`` when it is one of this version, else None."""
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
     except (OSError, ValueError):
-        return False
-    made_from = sources is None or manifest.get("sources") == sources
-    return manifest.get("version") == VERSION and made_from
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("version") == VERSION else None
+
+
+def _sizes(folder: Path) -> dict[str, int]:
+    """The size of each file under ``folder``, by its path relative to it."""
+    return {
+        path.relative_to(folder).as_posix(): path.stat().st_size
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def _damage(folder: Path, manifest: dict) -> str | None:
+    """What differs between the files of the entry ``folder`` and its manifest (None: nothing)."""
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return "manifest.json lists no files"
+    for name, size in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size:,} bytes, not the {size:,} written"
+    return None
 
 
 def ensure(
     cache: str = "",
     limit: int | None = None,
-    structure_db: Path = STRUCTURE_DB,
-    swissprot: Path = SWISSPROT,
+    structure_db: str = "",
+    swissprot: str = "",
+    scans: str = "",
 ) -> EvalData:
-    """The prepared entry under ``cache``, made first when absent or stale; with ``limit``
-    (quick looks and tests) an entry of the first ``limit`` chains and proteins only."""
+    """The prepared entry under ``cache``, made first when absent, stale or damaged; with
+    ``limit`` (quick looks and tests) an entry of the first ``limit`` chains and proteins only.
+    The sources are found as :meth:`Source.locate` says (an empty argument: by their variable
+    or their package); an entry carried to where one of them is missing serves as it is."""
     name = f"downstream-v{VERSION}" + (f"-first{limit}" if limit is not None else "")
     folder = cache_root(cache, CACHE_ENV, "downstream") / name
-    files = _source_files(structure_db, swissprot)
-    sources = {key: source_entry(path) for key, path in files.items() if path.exists()}
-    absent = len(sources) < len(files)  # a package is missing: an entry carried here serves
-    if _is_current(folder, sources) or (absent and _is_current(folder, None)):
-        return EvalData(folder)
+    given = {"structure_db": structure_db, "swissprot": swissprot, "scans": scans}
+    located = {key: DATA_SOURCES[key].locate(value) for key, value in given.items()}
+    files = _files_of(located)
+    sources = {key: source_entry(path) for key, path in files.items() if path.is_file()}
+    missing = next(filter(None, (DATA_SOURCES[k].missing(p) for k, p in located.items())), None)
+    manifest = _manifest(folder)
+    if manifest is not None:
+        damage = _damage(folder, manifest)
+        if damage is None and (missing is not None or manifest.get("sources") == sources):
+            return EvalData(folder)
+        if damage is not None and missing is not None:
+            raise DataError(f"the evaluation data in {folder} is damaged ({damage}): {missing}")
+        if damage is not None:
+            print(f"[advpt] the evaluation data in {folder} is damaged ({damage}): made anew")
+    if missing is not None:
+        raise DataError(missing)
     print(f"[advpt] preparing the evaluation data into {folder} (once; a few minutes)")
     start = time.perf_counter()
     try:
         with building(folder) as tmp:
-            _copy_scans(files, tmp / "scans")
+            (tmp / "scans").mkdir()
+            for key in SCANS:
+                shutil.copyfile(files[key], tmp / "scans" / files[key].name)
             chains = prepare_secondary_structure(
-                structure_db, tmp / "secondary_structure.npz", limit
+                files["structure_db"], tmp / "secondary_structure.npz", limit
             )
-            proteins = prepare_localisation(swissprot, tmp / "localisation.npz", limit)
+            proteins = prepare_localisation(located["swissprot"], tmp / "localisation.npz", limit)
             manifest = {
-                "version": VERSION, "sources": sources, "chains": chains,
+                "version": VERSION, "sources": sources, "files": _sizes(tmp), "chains": chains,
                 "localisation_proteins": proteins, "identity": IDENTITY, "coverage": COVERAGE,
                 "held_out": HELD_OUT, "split_seed": SPLIT_SEED,
             }  # fmt: skip
@@ -227,6 +325,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="only the first LIMIT chains and proteins of each source: a quick look (tests)",
     )
+    for source in DATA_SOURCES.values():
+        parser.add_argument(
+            source.flag,
+            default="",
+            help=f"{source.what}; empty is ${source.env}, else where {source.package} puts it",
+        )
     return parser
 
 
@@ -237,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     with stopping_on_signals():
         if args.limit is not None and args.limit < 1:
             raise ConfigError("--limit must be positive")
-        data = ensure(args.cache, args.limit)
+        data = ensure(args.cache, args.limit, args.structure_db, args.swissprot, args.scans)
     print(f"evaluation data: {data.folder}")
     return 0
 
