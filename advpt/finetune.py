@@ -22,10 +22,12 @@ scalars per evaluation, ``model/`` (the best-validation encoder + head as safete
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,49 +61,16 @@ from advpt.tasks import (  # noqa: E402
 )
 from advpt.training.checkpointing.consolidate import load_encoder  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
-from advpt.training.engines.batch_layout import BatchLayout  # noqa: E402
-from advpt.training.engines.engine import (  # noqa: E402
-    build_engine,
-    current_lr,
-    load_ds_config,
-    read_ds_config,
-)
+from advpt.training.engines.engine import build_engine, current_lr  # noqa: E402
+from advpt.training.plan import FINETUNE, FinetunePlan  # noqa: E402
 from advpt.training.reporting.monitor import MetricsWriter  # noqa: E402
-from advpt.training.run_dir import RunDir, write_config  # noqa: E402
-
-FINETUNE = "finetune"  # the role of the model's DeepSpeed JSON and engine
+from advpt.training.run_dir import RunDir, check_run_dir, write_config  # noqa: E402
+from advpt.training.run_lock import RunDirLock, claim_run_dir  # noqa: E402
 
 
 def head_config(config: FinetuneConfig) -> HeadConfig:
     """The task head's settings of a fine-tuning run."""
     return HeadConfig(config.head_hidden_size, config.head_dropout, config.pooling)
-
-
-def resolve_ds_config(
-    config: FinetuneConfig, run_dir: RunDir, ranks: int
-) -> tuple[BatchLayout, dict[str, Any]]:
-    """The batch layout on ``ranks`` ranks and the DeepSpeed JSON with ``--lr``,
-    ``--weight_decay`` and ``--batch_size`` applied.
-
-    The global batch is split into the largest micro-batch (up to the JSON's) that divides it
-    evenly over the ranks, times gradient accumulation, so every batch size of a sweep runs on
-    any number of GPUs that divides it.
-    """
-    json_ = read_ds_config(config.deepspeed_config, FINETUNE)
-    layout = BatchLayout.resolve({FINETUNE: json_}, ranks, config.batch_size, fit_micro=True)
-    batch, monitor = layout.deepspeed_settings(FINETUNE), run_dir.deepspeed_tensorboard
-    ds = load_ds_config(json_, batch, monitor, FINETUNE, config.lr)
-    if ds.get("zero_optimization", {}).get("stage", 0) > 2:
-        raise ConfigError(
-            f"DeepSpeed config {config.deepspeed_config}: fine-tuning supports ZeRO stages 0-2 "
-            "(it keeps a full copy of the best-validation weights)"
-        )
-    params = ds.get("optimizer", {}).get("params")
-    if params is None:
-        raise ConfigError(f"DeepSpeed config {config.deepspeed_config} has no optimizer params")
-    if config.weight_decay is not None:
-        params["weight_decay"] = config.weight_decay
-    return layout, ds
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -158,14 +127,23 @@ def build_encoder(config: FinetuneConfig) -> Encoder:
 class Finetuner:
     """Data, model and engine for one fine-tuning run, and the loop with early stopping."""
 
-    def __init__(self, config: FinetuneConfig, device: torch.device):
+    def __init__(
+        self,
+        config: FinetuneConfig,
+        device: torch.device,
+        claim: Callable[[RunDir], None] | None = None,
+    ):
+        """Build the run of ``config``; its plan (``FinetunePlan.resolve``) is handed to
+        ``claim`` (which may refuse it) before anything else is built."""
         self.config = config
         self.device = device
-        self.run_dir = RunDir.at(config.run_dir)
+        world = dist.get_world_size()
+        self.plan = FinetunePlan.resolve(config, world)
+        if claim is not None:
+            claim(self.plan.run_dir)
+        self.run_dir, self.layout = self.plan.run_dir, self.plan.layout
         self.is_main = rank() == 0
         self.spec: TaskSpec = task_spec(config.task, config.ss_label)
-        world = dist.get_world_size()
-        self.layout, self.ds_config = resolve_ds_config(config, self.run_dir, world)
         torch.manual_seed(config.seed)
         encoder = build_encoder(config)
         self.splits = {
@@ -204,7 +182,7 @@ class Finetuner:
         model = TaskModel(encoder, self.spec.kind, self.spec.num_labels, head_config(config))
         warmup = round(config.warmup_fraction * self.total_steps)
         # TAPE's fine-tuning schedule decays to 0 (no floor, unlike pre-training's min_lr_ratio)
-        self.engine = build_engine(model, self.ds_config, warmup, self.total_steps, 0.0)
+        self.engine = build_engine(model, self.plan.ds_config, warmup, self.total_steps, 0.0)
 
     def _evaluate(self, split: str) -> dict[str, float]:
         return evaluate(
@@ -271,8 +249,8 @@ class Finetuner:
             "metric": metric,
             "pretrained": self.config.pretrained,
             "seed": self.config.seed,
-            "lr": self.ds_config["optimizer"]["params"]["lr"],
-            "weight_decay": self.ds_config["optimizer"]["params"]["weight_decay"],
+            "lr": self.plan.ds_config["optimizer"]["params"]["lr"],
+            "weight_decay": self.plan.ds_config["optimizer"]["params"]["weight_decay"],
             "batch_size": self.layout.global_batch(FINETUNE),
             "steps": step,
             "best_step": best["step"],
@@ -289,12 +267,15 @@ def _cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}
 
 
-def run_finetune(config: FinetuneConfig, device: torch.device) -> dict[str, Any]:
-    """One fine-tuning run in an initialised process group; rank 0 writes the run directory."""
-    finetuner = Finetuner(config, device)
+def run_finetune(
+    config: FinetuneConfig, device: torch.device, claim: Callable[[RunDir], None] | None = None
+) -> dict[str, Any]:
+    """One fine-tuning run in an initialised process group (its run directory handed to
+    ``claim`` first); rank 0 writes the run directory."""
+    finetuner = Finetuner(config, device, claim)
     run_dir = finetuner.run_dir
     if finetuner.is_main:
-        write_config(run_dir, dataclasses.asdict(config), {FINETUNE: finetuner.ds_config})
+        write_config(run_dir, dataclasses.asdict(config), {FINETUNE: finetuner.plan.ds_config})
     results = finetuner.train()
     if finetuner.is_main:
         try:
@@ -318,22 +299,27 @@ def _summary(results: dict[str, Any]) -> str:
 @command
 def main(argv: list[str] | None = None) -> int:
     """Exit code 0, or 2 with one sentence naming the input, setting or file that failed."""
-    config = parse(FinetuneConfig, argv)
-    run_dir = RunDir.at(config.run_dir)
-    if run_dir.root.exists() and not run_dir.root.is_dir():
-        raise ConfigError(f"--run_dir {run_dir} is a file, not a directory")
-    if run_dir.results.exists():
-        raise ConfigError(
-            f"run directory {config.run_dir} already holds results; choose another --run_dir"
-        )
-    device = init_distributed()
-    results = run_finetune(config, device)
-    if rank() == 0:
-        print(_summary(results))
-        print(f"results:         {run_dir.results}")
-    dist.barrier()
-    dist.destroy_process_group()
+    with RunDirLock() as lock:
+        config = parse(FinetuneConfig, argv)
+        run_dir = FinetunePlan.run_dir_of(config)
+        check = functools.partial(check_run_dir, occupied=_holds_results)
+        check(run_dir)  # before anything is built, then under the lock
+        device = init_distributed()
+        claim = functools.partial(claim_run_dir, lock=lock, check=check)
+        results = run_finetune(config, device, claim)
+        if rank() == 0:
+            print(_summary(results))
+            print(f"results:         {run_dir.results}")
+        dist.barrier()
+        dist.destroy_process_group()
     return 0
+
+
+def _holds_results(run_dir: RunDir) -> str:
+    """The refusal of a run directory that holds a fine-tuning run's results already."""
+    if run_dir.results.exists():
+        return f"run directory {run_dir} already holds results; choose another --run_dir"
+    return ""
 
 
 if __name__ == "__main__":

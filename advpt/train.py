@@ -6,6 +6,7 @@ Also runs as one process without the launcher: ``python -m advpt.train ...``. Se
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -19,15 +20,15 @@ from advpt.command import command  # noqa: E402
 from advpt.config.cli import parse  # noqa: E402
 from advpt.config.pretrain import TrainConfig  # noqa: E402
 from advpt.data.unigram import residue_counts, unigram_entropy  # noqa: E402
-from advpt.errors import EXIT_STOPPED, ConfigError, OutputError, ReportError  # noqa: E402
-from advpt.training import distributed  # noqa: E402
+from advpt.errors import EXIT_STOPPED, OutputError, ReportError  # noqa: E402
 from advpt.training.build import build_trainer  # noqa: E402
 from advpt.training.checkpointing.store import checkpoint_tag  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
+from advpt.training.plan import RunPlan  # noqa: E402
 from advpt.training.preemption import StopSignals  # noqa: E402
 from advpt.training.reporting.summary import report_run  # noqa: E402
-from advpt.training.run_dir import RunDir, misplaced_entry  # noqa: E402
-from advpt.training.run_lock import RunDirLock  # noqa: E402
+from advpt.training.run_dir import RunDir, check_run_dir, misplaced_entry  # noqa: E402
+from advpt.training.run_lock import RunDirLock, claim_run_dir  # noqa: E402
 from advpt.training.trainer import Trainer  # noqa: E402
 
 
@@ -41,13 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     """
     with StopSignals() as stop_signals, RunDirLock() as lock:
         config = parse(TrainConfig, argv)
-        run_dir = RunDir.at(config.run.run_dir)
-        _check_run_dir(run_dir, config.run.resume)
+        check = functools.partial(_check_run_dir, resume=config.run.resume)
+        check(RunPlan.run_dir_of(config))  # before anything is built, then under the lock
         own_group = not dist.is_initialized()  # a caller's process group is left to the caller
         device = init_distributed()
         try:
-            _claim_run_dir(run_dir, config.run.resume, lock)
-            trainer = build_trainer(config, device, stop_signals)
+            claim = functools.partial(claim_run_dir, lock=lock, check=check)
+            trainer = build_trainer(config, device, stop_signals, claim)
             trainer.train()
             if trainer.is_main:
                 _print_summary(trainer)
@@ -62,46 +63,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check_run_dir(run_dir: RunDir, resume: bool) -> None:
-    """Refuse an unusable run directory before anything is built (one holding a run unless
-    ``resume``)."""
-    if run_dir.root.exists() and not run_dir.root.is_dir():
-        raise ConfigError(f"--run_dir {run_dir} is a file, not a directory")
-    above = next(p for p in run_dir.root.absolute().parents if p.exists())
-    if not above.is_dir():
-        raise ConfigError(f"--run_dir {run_dir} cannot be made: {above} is a file, not a directory")
-    if run_dir.root.is_dir():
-        # A link to a file, or a dangling one, would have the run's files written through it
-        # (a link to a directory, such as checkpoints on another disk, is the user's choice).
-        found = (p for p in run_dir.root.iterdir() if p.is_symlink() and not p.is_dir())
-        link = next(found, None)
-        if link is not None:
-            raise ConfigError(
-                f"run directory {run_dir} holds {link.name}, a symbolic link to a file; advpt "
-                "writes no file through a link: remove it"
+    """Refuse an unusable run directory (``check_run_dir``): one whose entries a run could not
+    use, or one holding a run unless ``resume``."""
+
+    def occupied(run_dir: RunDir) -> str:
+        if run_dir.holds_run() and not resume:
+            return (
+                f"run directory {run_dir} already holds a run; pass --resume to continue it or "
+                "choose another --run_dir"
             )
-    if misplaced := misplaced_entry(run_dir):
-        raise ConfigError(misplaced)
-    if run_dir.holds_run() and not resume:
-        raise ConfigError(
-            f"run directory {run_dir} already holds a run; pass --resume to continue it or "
-            "choose another --run_dir"
-        )
+        return misplaced_entry(run_dir)
 
-
-def _claim_run_dir(run_dir: RunDir, resume: bool, lock: RunDirLock) -> None:
-    """Lock the run directory for this job (rank 0, for the run's life: ``run_lock``) and check
-    it again under the lock, where no other job can race the check; every rank learns rank 0's
-    answer."""
-    refusal = ""
-    if distributed.rank() == 0:
-        try:
-            lock.hold(run_dir)
-            _check_run_dir(run_dir, resume)
-        except (ConfigError, OutputError) as exc:
-            refusal = str(exc)
-    refusal = distributed.gather(refusal)[0]
-    if refusal:
-        raise ConfigError(refusal)
+    check_run_dir(run_dir, occupied)
 
 
 def _print_summary(trainer: Trainer) -> None:

@@ -37,6 +37,8 @@ from advpt.tasks import (
     task_spec,
 )
 from advpt.tokenizer import TAPE
+from advpt.training.run_dir import RunDir
+from advpt.training.run_lock import RunDirLock
 from tests.helpers import IN_AND_OUT_OF_PROCESS, REPO, child_env, read_metrics
 
 LETTERS = "ACDEFGHIKLMNPQRSTVWY"
@@ -356,6 +358,12 @@ def test_command_line_errors_are_one_line(tmp_path, distributed, run):
     args = finetune_args(tmp_path / "data", "stability", taken)
     done = run(args, module="advpt.finetune")
     assert done.returncode == 2 and "already holds results" in done.stderr
+
+    busy = tmp_path / "busy"  # another job's: fine-tuning takes the run-directory lock too
+    with RunDirLock() as other_job:
+        other_job.hold(RunDir(busy))
+        done = run(finetune_args(tmp_path / "data", "stability", busy), module="advpt.finetune")
+    assert done.returncode == 2 and f"run directory {busy} is in use: process" in done.stderr
 
     missing = finetune_args(tmp_path / "nowhere", "stability", tmp_path / "x")
     done = run(missing, module="advpt.finetune")

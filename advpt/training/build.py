@@ -7,13 +7,13 @@ imports an entry point.
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable
 
 import deepspeed
 import torch
 import torch.distributed as dist
 
-from advpt.config.pretrain import DataConfig, ModelConfig, TrainConfig
+from advpt.config.pretrain import DataConfig, TrainConfig
 from advpt.data.batching import LengthBucketedBatches
 from advpt.data.cache import locate, on_one_rank
 from advpt.data.clusters import ClusterIndex, ClusterSource
@@ -22,66 +22,40 @@ from advpt.data.dataset import CroppedView
 from advpt.data.prepared import ProteinDataset
 from advpt.data.sampling import sample, split
 from advpt.data.stream import MicroBatches, ValidationBatches
-from advpt.errors import CheckpointError, ConfigError
-from advpt.models import ENCODER_PRESETS, EncoderConfig, MaskedLanguageModel, build_noiser
-from advpt.models.encoder import check_max_length
+from advpt.errors import CheckpointError
+from advpt.models import MaskedLanguageModel, build_noiser
 from advpt.tokenizer import Vocabulary
 from advpt.training.checkpointing.checkpointer import Checkpointer
 from advpt.training.checkpointing.consolidate import load_model
-from advpt.training.checkpointing.store import model_identity
-from advpt.training.engines.batch_layout import BatchLayout
 from advpt.training.engines.compilation import compile_engine
-from advpt.training.engines.engine import build_engine, load_ds_config, read_ds_config
-from advpt.training.plan import RunPlan
+from advpt.training.engines.engine import build_engine
+from advpt.training.plan import RunPlan, encoder_config
 from advpt.training.preemption import StopSignals
 from advpt.training.reporting.trackers import check_available
 from advpt.training.run_dir import RunDir
-from advpt.training.schedule import noiser_lr_steps, random_only_steps
 from advpt.training.trainer import Trainer
 
 
 def build_trainer(
-    config: TrainConfig, device: torch.device, stop_signals: StopSignals | None = None
+    config: TrainConfig,
+    device: torch.device,
+    stop_signals: StopSignals | None = None,
+    claim: Callable[[RunDir], None] | None = None,
 ) -> Trainer:
     """Data, models and engines for ``config`` (validated: it may have been built in code), and
-    the run's plan (``advpt.training.plan``), resolved on this process group and, with
-    ``--resume``, from the newest usable checkpoint, which is restored."""
+    the run's plan (:meth:`RunPlan.resolve`) on this process group, handed to ``claim`` (which
+    may refuse it) before anything else is built; with ``--resume``, the newest usable
+    checkpoint is restored."""
     config.validate()
     check_available(config.run.trackers)
-    run_dir, s, m = RunDir.at(config.run.run_dir), config.optim, config.method
-    jsons = {"encoder": read_ds_config(config.deepspeed_config, "encoder")}
-    if config.adversarial:
-        jsons["noiser"] = read_ds_config(config.noiser_deepspeed_config, "noiser")
-    layout = BatchLayout.resolve(
-        jsons, dist.get_world_size(), config.global_batch, config.micro_batch,
-        same_accumulation=config.simultaneous,
-    ).growing(s.max_steps, s.batch_growth_at, s.growth_factor)  # fmt: skip
-    lrs = {"encoder": config.lr}  # the noiser's is its JSON's
-    monitor = run_dir.deepspeed_tensorboard
-    deepspeed_configs = {
-        name: load_ds_config(json_, layout.deepspeed_settings(name), monitor, name, lrs.get(name))
-        for name, json_ in jsons.items()
-    }
     source = init_source(config.model.init_from) if config.model.init_from else None
-    encoder_cfg = encoder_config(config.model, source)
-    encoder_name = config.model.encoder or config.model.init_from or DEFAULT_ENCODER
-    check_max_length(encoder_cfg, config.dataset.max_length, encoder_name)
-    noiser_lrs, warmup = None, 0
-    if config.adversarial:
-        warmup = random_only_steps(s.max_steps, m.noiser_start_at)
-        noiser_lrs = noiser_lr_steps(
-            s.max_steps - warmup, s.warmup_steps, m.noiser_steps, m.encoder_steps,
-            s.noiser_warmup_steps, config.simultaneous, m.joint_every,
-        )  # fmt: skip
-    noiser = config.model.noiser_settings() if config.adversarial else None
-    plan = RunPlan(
-        run_dir, layout, deepspeed_configs, warmup, noiser_lrs,
-        model_identity(encoder_cfg, noiser), config.training_settings(),
-    )  # fmt: skip
+    plan = RunPlan.resolve(config, dist.get_world_size(), source)
+    if claim is not None:
+        claim(plan.run_dir)
     stream, validation = build_data(
-        config, layout.micro_batch, dist.get_rank(), layout.ranks, encoder_cfg.vocabulary
+        config, plan.layout.micro_batch, dist.get_rank(), plan.layout.ranks, plan.encoder.vocabulary
     )
-    engines = build_engines(config, plan, encoder_cfg, source)
+    engines = build_engines(config, plan, source)
     checkpointer = Checkpointer(
         plan, engines, config.run.checkpoint_every, config.run.keep_checkpoints,
         global_batch_given=config.global_batch is not None,
@@ -130,17 +104,14 @@ def build_data(
 
 
 def build_engines(
-    config: TrainConfig,
-    plan: RunPlan,
-    encoder_cfg: EncoderConfig,
-    source: MaskedLanguageModel | None = None,
+    config: TrainConfig, plan: RunPlan, source: MaskedLanguageModel | None = None
 ) -> dict[str, deepspeed.DeepSpeedEngine]:
-    """The encoder's engine (``encoder_cfg``, holding ``source``'s weights when given) and, in
+    """The encoder's engine (``plan.encoder``, holding ``source``'s weights when given) and, in
     adversarial runs, the noiser's, seeded by ``config``, from the DeepSpeed configs and
     learning-rate schedules of ``plan``; compiled with ``--compile``."""
     torch.manual_seed(config.run.seed)
     s, configs = config.optim, plan.deepspeed_configs
-    model = MaskedLanguageModel(encoder_cfg)
+    model = MaskedLanguageModel(plan.encoder)
     if source is not None:
         model.load_state_dict(source.state_dict())
     encoder = build_engine(model, configs["encoder"], s.warmup_steps, s.max_steps, s.min_lr_ratio)
@@ -149,7 +120,7 @@ def build_engines(
         m = config.model
         warmup, total = plan.noiser_lr_steps
         noiser_model = build_noiser(
-            m.noiser_arch, m.noiser, encoder_cfg.vocabulary, m.noiser_bidirectional,
+            m.noiser_arch, m.noiser, plan.encoder.vocabulary, m.noiser_bidirectional,
             m.noiser_context_only,
         )  # fmt: skip
         engines["noiser"] = build_engine(
@@ -162,9 +133,6 @@ def build_engines(
     return engines
 
 
-DEFAULT_ENCODER = "tape-base"  # the encoder preset of a run that names none and has no --init_from
-
-
 def init_source(path: str) -> MaskedLanguageModel:
     """The masked LM saved in ``path`` (any ``load_model`` directory): continued pre-training
     starts from it."""
@@ -175,27 +143,3 @@ def init_source(path: str) -> MaskedLanguageModel:
             "starts from a masked LM (such as transformers' EsmForMaskedLM)"
         )
     return source
-
-
-def encoder_config(m: ModelConfig, source: MaskedLanguageModel | None = None) -> EncoderConfig:
-    """The run's encoder: ``--encoder``'s preset or, unset, the architecture and settings of
-    ``source`` (the ``--init_from`` model, loaded) or else of :data:`DEFAULT_ENCODER`;
-    activation checkpointing is the run's.
-
-    An ``--encoder`` whose architecture is not ``source``'s is refused, naming both; its
-    training settings (dropout) are the run's.
-    """
-    if m.encoder is None and source is not None:
-        cfg = source.encoder.cfg
-    else:
-        cfg = ENCODER_PRESETS[m.encoder or DEFAULT_ENCODER]
-    if source is not None:
-        theirs, ours = source.encoder.cfg.architecture(), cfg.architecture()
-        if theirs != ours:
-            key = next(k for k in ours if theirs[k] != ours[k])
-            raise ConfigError(
-                f"--init_from {m.init_from} holds a model with {key} = {theirs[key]!r}, but "
-                f"--encoder {m.encoder} has {key} = {ours[key]!r}; leave --encoder out to train "
-                "the checkpoint's own architecture"
-            )
-    return dataclasses.replace(cfg, activation_checkpointing=m.activation_checkpointing)

@@ -24,12 +24,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from advpt.errors import cannot_write
+from advpt.errors import ConfigError, cannot_write
 
 LATEST = "latest"  # under checkpoints/: the tag of the newest complete checkpoint
 LOCK_FILE = ".lock"
@@ -138,6 +138,29 @@ def write_atomically(path: Path, text: str) -> None:
         os.replace(staging, path)
     finally:
         Path(staging).unlink(missing_ok=True)
+
+
+def check_run_dir(run_dir: RunDir, occupied: Callable[[RunDir], str]) -> None:
+    """Refuse an unusable run directory in one sentence (``ConfigError``), before anything is
+    built or written: a file, one that cannot be made under a file, one holding a link to a
+    file, or the sentence ``occupied`` gives (empty: none) for what it holds already."""
+    if run_dir.root.exists() and not run_dir.root.is_dir():
+        raise ConfigError(f"--run_dir {run_dir} is a file, not a directory")
+    above = next(p for p in run_dir.root.absolute().parents if p.exists())
+    if not above.is_dir():
+        raise ConfigError(f"--run_dir {run_dir} cannot be made: {above} is a file, not a directory")
+    if run_dir.root.is_dir():
+        # A link to a file, or a dangling one, would have the run's files written through it
+        # (a link to a directory, such as checkpoints on another disk, is the user's choice).
+        found = (p for p in run_dir.root.iterdir() if p.is_symlink() and not p.is_dir())
+        link = next(found, None)
+        if link is not None:
+            raise ConfigError(
+                f"run directory {run_dir} holds {link.name}, a symbolic link to a file; advpt "
+                "writes no file through a link: remove it"
+            )
+    if refusal := occupied(run_dir):
+        raise ConfigError(refusal)
 
 
 def misplaced_entry(run_dir: RunDir) -> str:

@@ -30,10 +30,12 @@ import os
 import socket
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from advpt.errors import ConfigError, cannot_write, first_line
+from advpt.errors import ConfigError, OutputError, cannot_write, first_line
+from advpt.training import distributed
 from advpt.training.run_dir import LOCK_FILE, RunDir
 
 HOLDER_BYTES = 4096  # more than any holder record: a larger file is no record of ours
@@ -91,6 +93,22 @@ class RunDirLock:
         file.write(json.dumps(_this_process()) + "\n")
         file.flush()
         self._file, self._created = file, root if created else None
+
+
+def claim_run_dir(run_dir: RunDir, lock: RunDirLock, check: Callable[[RunDir], None]) -> None:
+    """Lock ``run_dir`` for this job (rank 0, for the run's life, with ``lock``) and ``check``
+    it again under the lock, where no other job can race the check; every rank learns rank 0's
+    answer (a collective)."""
+    refusal = ""
+    if distributed.rank() == 0:
+        try:
+            lock.hold(run_dir)
+            check(run_dir)
+        except (ConfigError, OutputError) as exc:
+            refusal = str(exc)
+    refusal = distributed.gather(refusal)[0]
+    if refusal:
+        raise ConfigError(refusal)
 
 
 def _open_own_file(path: Path) -> IO[str]:
