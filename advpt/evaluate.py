@@ -2,11 +2,12 @@
 
 Each ``MODEL`` is any directory advpt loads (an advpt run directory or export, a transformers
 ESM-2 directory, a TAPE ``save_pretrained`` directory). Its encoder is frozen and scored on the
-tasks of :mod:`advpt.downstream.suite`, beside the context-free baseline and a randomly
-initialised encoder of each model's shape, so that a reader sees what pre-training added. The
-data comes from installed packages, prepared once into a cache
-(:mod:`advpt.downstream.prepare`). Writes ``results.json``, ``results.md`` and ``results.png``
-to ``--out`` and prints the table. Seeded: the same command gives the same numbers.
+tasks of :mod:`advpt.downstream.suite`, beside the floors (context-free, local context) and a
+randomly initialised encoder of each model's shape, so that a reader sees what pre-training
+added; its probes read ``--layer``. The data comes from installed packages (or files that
+flags name), prepared once into a cache (:mod:`advpt.downstream.prepare`). Writes
+``results.json``, ``results.md`` and ``results.png`` to ``--out``, which is checked before any
+work, and prints the table. Seeded: the same command gives the same numbers.
 
 With ``--proteingym DIR`` it runs ProteinGym's zero-shot substitution benchmark from the user's
 copy instead, scored and averaged as ProteinGym does (:mod:`advpt.downstream.proteingym_run`).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,29 +28,50 @@ from advpt.config.cli import parse
 from advpt.config.evaluate import EvaluateConfig
 from advpt.downstream import prepare, proteingym_results, proteingym_run, results
 from advpt.downstream.proteingym_run import open_benchmark
-from advpt.downstream.suite import Inputs, Subject, context_free, encoder_subject, run_suite
-from advpt.errors import OutputError
+from advpt.downstream.suite import (
+    Inputs,
+    Subject,
+    context_free,
+    encoder_subject,
+    local_context,
+    run_suite,
+)
+from advpt.embed import resolve_layers
+from advpt.errors import ConfigError, OutputError
 from advpt.inference import load_for_inference, pick_device
 from advpt.models.encoder import MaskedLanguageModel
 from advpt.models.weights import encoder_of
 
 
 def subjects_of(config: EvaluateConfig, device: torch.device) -> list[Subject]:
-    """The context-free baseline, then for each model a random encoder of its shape (once per
-    shape) and the model itself; baselines only with ``--baselines``."""
-    subjects = [context_free()] if config.baselines else []
+    """The floors, then for each model a random encoder of its shape (once per shape) and the
+    model itself; baselines only with ``--baselines``."""
+    subjects = [context_free(), local_context()] if config.baselines else []
     shapes: list[dict] = []
     for path in config.model:
         model = load_for_inference(path, device)
         cfg = encoder_of(model).cfg
+        layer = probe_layer(config.layer, cfg.num_layers, path)
+        tokens = config.tokens_per_batch
         if config.baselines and cfg.architecture() not in shapes:
             shapes.append(cfg.architecture())
             torch.manual_seed(config.seed)
             fresh = MaskedLanguageModel(cfg).to(device).eval()
             name = f"random init ({cfg.family}, {cfg.num_layers}x{cfg.hidden_size})"
-            subjects.append(encoder_subject(name, "random init", fresh, config.tokens_per_batch))
-        subjects.append(encoder_subject(path, "model", model, config.tokens_per_batch))
+            subjects.append(encoder_subject(name, "random init", fresh, tokens, layer))
+        subjects.append(encoder_subject(path, "model", model, tokens, layer))
     return subjects
+
+
+def probe_layer(layer: int, num_layers: int, path: str) -> int:
+    """``--layer`` as a layer of the model ``path`` (0 .. ``num_layers``)."""
+    try:
+        return resolve_layers([layer], num_layers)[-1]
+    except ConfigError:
+        raise ConfigError(
+            f"--layer {layer}: {path} has layers 0 (the embeddings) to {num_layers}, or -1 (the "
+            f"last) to -{num_layers + 1}"
+        ) from None
 
 
 def check_out(config: EvaluateConfig) -> Path:
@@ -57,7 +80,27 @@ def check_out(config: EvaluateConfig) -> Path:
         raise OutputError(f"--out {out} is a file; name a folder for the results")
     if (out / "results.json").exists() and not config.overwrite:
         raise OutputError(f"--out {out} already holds results.json; pass --overwrite to replace it")
+    check_writable(out)
     return out
+
+
+def check_writable(out: Path) -> None:
+    """That a file can be made in ``out``, or where it does not exist yet in its nearest
+    existing parent, which must be a folder: tried with a nameless temporary file, so nothing is
+    left."""
+    base = out
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise OutputError(f"--out {out} cannot be made: {base} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=base):
+            pass
+    except OSError as err:
+        why = err.strerror or err
+        raise OutputError(
+            f"cannot write --out {out}: making a file in {base} failed ({why})"
+        ) from None
 
 
 @command
@@ -76,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         if gym is not None:
             scored = proteingym_run.run(gym, subjects, out, config.tokens_per_batch, print)
         else:
-            inputs = Inputs(config, prepare.ensure(config.cache, config.data_limit))
+            sources = (config.structure_db, config.swissprot, config.scans)
+            inputs = Inputs(config, prepare.ensure(config.cache, config.data_limit, *sources))
             run_suite(subjects, inputs, print)
     header = {
         "command": "python -m advpt.evaluate " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -64,13 +64,27 @@ class EvaluateConfig(Section):
     """Longer chains and proteins are cut to their first max_residues residues (ESM-2 reads at
     most 1022)."""
     baselines: bool = True
-    """Also score the context-free baselines (one-hot probes, the unigram) and a randomly
+    """Also score the floors (context-free: one-hot probes and the unigram; local context: a
+    one-hot window of 7 residues either side, residue-pair composition) and a randomly
     initialised encoder of each model's shape."""
+    layer: int = -1
+    """The layer the probes read, numbered as ESM's extract.py numbers them: 0 the embeddings,
+    N the last (N layers), negative ones counted back from the last (-1). Zero-shot scores use
+    the MLM head, after the last layer, whatever this says."""
     seed: int = 0
     """Seeds the samples of each task, the random encoders and the probes."""
     cache: str = ""
     """Where the prepared evaluation data is kept (python -m advpt.downstream.prepare); empty is
     $ADVPT_EVAL_CACHE, else ~/.cache/advpt/downstream."""
+    structure_db: str = ""
+    """ProMod3's StructureDB file (structure_db.dat); empty is $ADVPT_STRUCTURE_DB, else where
+    Debian's promod3-data installs it (docs/evaluate.md: getting it without root)."""
+    swissprot: str = ""
+    """metastudent-data's folder of Swiss-Prot BLAST databases (dataset_201401); empty is
+    $ADVPT_SWISSPROT, else where Debian's metastudent-data installs it."""
+    scans: str = ""
+    """The folder of MAVE-NN's four scan files (*_data.csv.gz); empty is $ADVPT_SCANS, else
+    mavenn's own folder where it is installed (pip install --no-deps mavenn==1.1.4)."""
     data_limit: int | None = None
     """Prepare and use only the first data_limit chains and proteins of each source (a quick
     look, tests); unset uses them all."""
