@@ -20,7 +20,9 @@ import torch.nn.functional as F
 from scipy.stats import spearmanr
 from sklearn.metrics import matthews_corrcoef, ndcg_score, roc_auc_score
 
+from advpt.downstream import results as suite_results
 from advpt.downstream.dms import AMINO_ACIDS
+from advpt.downstream.features import OneHotFeatures
 from advpt.downstream.proteingym_metrics import (
     METRICS,
     assay_metrics,
@@ -30,6 +32,7 @@ from advpt.downstream.proteingym_metrics import (
     summarise,
     top_recall,
 )
+from advpt.downstream.suite import Subject
 from advpt.evaluate import main
 from advpt.inference import load_for_inference
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
@@ -518,3 +521,20 @@ def test_help_names_the_proteingym_flags(capsys):
         main(["--help"])
     shown = capsys.readouterr().out
     assert all(flag in shown for flag in ("--proteingym", "--proteingym_reference", "--assays"))
+
+
+def test_the_suites_results_name_the_metric_of_every_score(tmp_path):
+    scores = {"secondary_structure": {"q3": 0.5, "q8": 0.3}, "zero_shot": {"gb1_binding": 0.1}}
+    subject = Subject("encoder", "model", OneHotFeatures(), scores=scores)
+    suite_results.write(tmp_path, {"command": "python -m advpt.evaluate encoder"}, [subject])
+    metrics = json.loads((tmp_path / "results.json").read_text())["metrics"]
+    assert metrics["zero_shot"] == {
+        "gb1_binding": "Spearman's rho of masked-marginal scores and GB1 binding"
+    }
+    assert metrics["secondary_structure"]["q3"].startswith("Q3 accuracy")
+    legend = (tmp_path / "results.md").read_text().split("\n\n")[1].splitlines()
+    assert legend == [
+        "- SS Q3: Q3 accuracy of the per-residue probe, test chains",
+        "- SS Q8: Q8 accuracy of the per-residue probe, test chains",
+        "- 0-shot GB1: Spearman's rho of masked-marginal scores and GB1 binding",
+    ]

@@ -11,22 +11,29 @@ from advpt.downstream.suite import Subject
 from advpt.errors import WRITE_ERRORS, cannot_write
 from advpt.inference import atomic_output
 
+RHO = "Spearman's rho of"
 COLUMNS = (
-    ("secondary_structure", "q3", "SS Q3"),
-    ("secondary_structure", "q8", "SS Q8"),
-    ("zero_shot", "gb1_binding", "0-shot GB1"),
-    ("zero_shot", "abeta42_nucleation", "0-shot Abeta42"),
-    ("zero_shot", "tdp43_toxicity", "0-shot TDP-43"),
-    ("supervised", "gb1_binding", "GB1 ridge"),
-    ("stability", "zero_shot", "stab. 0-shot"),
-    ("stability", "ridge", "stab. ridge"),
-    ("localisation", "accuracy", "loc. acc."),
-)
-"""(task, score, heading) of each column: accuracies for SS and localisation, Spearman's rho
-for the rest."""
+    ("secondary_structure", "q3", "SS Q3", "Q3 accuracy of the per-residue probe, test chains"),
+    ("secondary_structure", "q8", "SS Q8", "Q8 accuracy of the per-residue probe, test chains"),
+    ("zero_shot", "gb1_binding", "0-shot GB1", f"{RHO} masked-marginal scores and GB1 binding"),
+    ("zero_shot", "abeta42_nucleation", "0-shot Abeta42", f"{RHO} masked-marginal scores and "
+     "Abeta42 nucleation"),
+    ("zero_shot", "tdp43_toxicity", "0-shot TDP-43", f"{RHO} masked-marginal scores and minus "
+     "TDP-43 toxicity"),
+    ("supervised", "gb1_binding", "GB1 ridge", f"{RHO} the ridge probe's predictions and GB1 "
+     "binding, its test split"),
+    ("stability", "zero_shot", "stab. 0-shot", f"{RHO} masked-marginal scores and GB1 "
+     "stability (minus ddG)"),
+    ("stability", "ridge", "stab. ridge", f"{RHO} the ridge probe's predictions and GB1 "
+     "stability, its test split"),
+    ("localisation", "accuracy", "loc. acc.", "accuracy of the logistic probe over ten "
+     "compartments, test proteins"),
+)  # fmt: skip
+"""(task, score, heading, metric) of each column: the metric says what the number is, in
+results.md under the table and in results.json beside the scores."""
 
 
-def columns(subjects: list[Subject]) -> list[tuple[str, str, str]]:
+def columns(subjects: list[Subject]) -> list[tuple[str, str, str, str]]:
     """The columns some subject has a score for."""
     return [c for c in COLUMNS if any(c[1] in s.scores.get(c[0], {}) for s in subjects)]
 
@@ -42,8 +49,9 @@ def markdown_table(subjects: list[Subject]) -> str:
         "| --- | --- |" + " ---: |" * len(shown),
     ]
     for s in subjects:
-        cells = [_cell(value(s, task, key)) for task, key, _ in shown]
+        cells = [_cell(value(s, task, key)) for task, key, *_ in shown]
         lines.append(f"| {s.name} | {s.kind} | " + " | ".join(cells) + " |")
+    lines += ["", *(f"- {heading}: {metric}" for _, _, heading, metric in shown)]
     return "\n".join(lines) + "\n"
 
 
@@ -63,7 +71,7 @@ def plot(subjects: list[Subject], path: Path) -> bool:
     shown = columns(subjects)
     fig, axes = plt.subplots(1, len(shown), figsize=(2.2 * len(shown), 3.6), squeeze=False)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, (task, key, heading) in zip(axes[0], shown, strict=True):
+    for ax, (task, key, heading, _) in zip(axes[0], shown, strict=True):
         heights = [value(s, task, key) for s in subjects]
         ax.bar(range(len(subjects)), heights, color=colours[: len(subjects)])
         ax.set_title(heading, fontsize=9)
@@ -79,8 +87,12 @@ def plot(subjects: list[Subject], path: Path) -> bool:
 
 
 def as_json(header: dict[str, Any], subjects: list[Subject]) -> dict[str, Any]:
+    metrics: dict[str, dict[str, str]] = {}
+    for task, key, _, metric in columns(subjects):
+        metrics.setdefault(task, {})[key] = metric
     return {
         **header,
+        "metrics": metrics,
         "subjects": [
             {"name": s.name, "kind": s.kind, "scores": s.scores, "seconds": s.seconds}
             for s in subjects
