@@ -26,8 +26,9 @@ frequencies) on the same positions. Equal wall time: each arm's held-out loss at
 wall time the random 20% arm of its seed took, interpolated on its validation curve (the
 trainer's validation pass, recorded with cumulative training wall time). Writes to ``--out``
 ``study.md`` and the plots ``study_scores.png``, ``study_curves.png``, ``study_residues.png``.
-Runs go under ``--runs``, each rewritten unless ``--reuse`` keeps those a stopped study finished.
-Needs matplotlib.
+Runs go under ``--runs``, each rewritten unless ``--reuse`` keeps those a stopped study finished
+(each records its settings in ``settings.json``; one trained with other settings is refused, naming
+them). Needs matplotlib.
 """
 
 from __future__ import annotations
@@ -98,6 +99,10 @@ JUDGE = "alternating"  # the setting whose frozen noiser picks the hard position
 SCORE_RATE = 0.2  # random masking of the held-out task and of every validation pass
 JUDGE_SEED = 1000
 EQUAL_COMPUTE_WEIGHTS = "encoder-equal-compute.pt"  # beside encoder.pt (the final encoder)
+SETTINGS = "settings.json"  # in a finished run's directory: what --reuse compares
+# What does not change what a run trains: where it is written, how it is stopped and resumed.
+NOT_SETTINGS = ("run_dir", "resume", "stop_after_steps", "deepspeed_config",
+                "noiser_deepspeed_config")  # fmt: skip
 HELD_OUT_RECORDS = 2000  # about this many records held out of a large corpus (else 5%)
 DRAW_SEED = 10_000  # crop windows, masks and judge draws of the final scores
 DEVICE = torch.device("cpu")  # this process's device, set by start_process
@@ -205,7 +210,59 @@ def train(
         config = run_config(variant, size, run_dir, seed, data, ("--resume", "true"))
     trainer = build_trainer(config, DEVICE)
     trainer.train()
+    settings = run_settings(variant, size, run_dir, seed, data, cost)
+    (run_dir / SETTINGS).write_text(json.dumps(settings))
     return trainer
+
+
+def run_settings(
+    variant: str, size: Size, run_dir: Path, seed: int, data: str, cost: float
+) -> dict[str, object]:
+    """A run's settings by name: its training flags but :data:`NOT_SETTINGS`, the DeepSpeed
+    configs' micro-batch and learning rates, and the update of its equal-compute encoder."""
+    config = run_config(variant, size, run_dir, seed, data)
+    settings = {}
+    for name, value in config.to_dict().items():
+        settings.update(value if isinstance(value, dict) else {name: value})
+    for name in NOT_SETTINGS:
+        del settings[name]
+    settings.update(
+        micro_batch=size.micro_batch,
+        encoder_lr=size.encoder_lr,
+        noiser_lr=size.noiser_lr,
+        equal_compute_step=equal_compute_step(config, cost),
+    )
+    return json.loads(json.dumps(settings))  # as read back from settings.json
+
+
+def refuse_other_settings(run_dir: Path, settings: dict[str, object]) -> None:
+    """A ``ConfigError`` where the run kept in ``run_dir`` was not trained with ``settings``,
+    naming what differs."""
+    saved = read_kept(run_dir / SETTINGS)
+    if saved is None:
+        raise ConfigError(f"--reuse: {run_dir} does not record its settings ({SETTINGS}); run "
+                          "without --reuse to train it again")  # fmt: skip
+    changed = [f"{name} {saved.get(name)} there, {value} here"
+               for name, value in settings.items() if saved.get(name) != value]  # fmt: skip
+    if changed:
+        raise ConfigError(
+            f"--reuse: {run_dir} was trained with other settings than this study's "
+            f"({'; '.join(changed)}); run without --reuse to train it again"
+        )
+
+
+def check_kept_runs(arms: list[str], size: Size, runs: Path, data: str, cost) -> None:
+    """Before any training: the runs a stopped study finished, which ``--reuse`` keeps, must
+    have been trained with this study's settings."""
+    judge = runs / "judge"
+    if (judge / "noiser.pt").exists():
+        refuse_other_settings(judge, run_settings(JUDGE, size, judge, JUDGE_SEED, data, 1.0))
+    for seed in range(size.seeds):
+        for arm in arms:
+            run_dir = runs / f"{arm}-seed{seed}"
+            if read_kept(run_dir / "result.json") is not None:
+                settings = run_settings(arm, size, run_dir, seed, data, cost(arm, 1.0))
+                refuse_other_settings(run_dir, settings)
 
 
 def equal_compute_step(config: TrainConfig, cost: float) -> int:
@@ -362,11 +419,16 @@ def read_costs(path: Path | None) -> dict[str, float] | None:
 def read_results(path: Path) -> list[dict]:
     """The results a finished study saved (``--report_only``), or one sentence why not."""
     try:
-        return json.loads(path.read_text())
+        results = json.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"--report_only: {path} does not exist; run the study first") from None
     except (OSError, ValueError) as err:
         raise DataError(f"--report_only: {path} cannot be read ({err})") from None
+    rows = results if isinstance(results, list) and results else [None]
+    finished = all(isinstance(r, dict) for r in rows) and "minutes" in rows[0]
+    if not finished or not any(r.get("arm") == BASELINE for r in rows):
+        raise DataError(f"--report_only: {path} holds no finished runs of a study; run it first")
+    return results
 
 
 # ------------------------------------------------------------------------------------ jobs
@@ -514,9 +576,11 @@ def run_study(
     seeds = range(size.seeds)
     shared = (size, runs, data)
     open_data(DataConfig(data=data))  # prepared once here, before the workers read it
+    cost = (costs or {}).get
+    if reuse:
+        check_kept_runs(arms, size, runs, data, cost)
     evaluation = downstream_config(size, runs)
     downstream_data.ensure(evaluation.cache, evaluation.data_limit)  # likewise
-    cost = (costs or {}).get
     with workers(size.jobs) as run:
         trained = run([(train_judge, *shared, reuse)] + [
             (train_job, arm, seed, *shared, cost(arm, 1.0), reuse)

@@ -167,3 +167,49 @@ def test_a_result_cut_short_by_a_stop_is_trained_again(tmp_path):
     assert study.read_kept(tmp_path / "result.json") is None
     (tmp_path / "result.json").write_text('{"arm": "random"}')
     assert study.read_kept(tmp_path / "result.json") == {"arm": "random"}
+
+
+def test_reuse_of_runs_trained_with_other_settings_is_refused_naming_them(tmp_path):
+    """A stopped study's runs, kept, then --reuse with more updates: refused before any
+    training, naming each setting that differs; nothing kept is touched."""
+    runs = tmp_path / "runs"
+    command = [
+        sys.executable, "scripts/study_masking.py", "--quick", "--arms", "random", "--seeds", "1",
+        "--out", str(tmp_path / "report"), "--runs", str(runs),
+    ]  # fmt: skip
+    job = subprocess.Popen(
+        [*command, "--updates", "2"], cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    wait_until(job, lambda: (runs / "random-seed0" / "result.json").is_file(), "the first run")
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=120) == 75
+    kept = {path: path.read_bytes() for path in runs.rglob("*") if path.is_file()}
+    done = subprocess.run(
+        [*command, "--reuse"], cwd=REPO, env=child_env(), capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.splitlines()[-1] == (
+        f"advpt: error: --reuse: {runs / 'judge'} was trained with other settings than this "
+        "study's (max_steps 2 there, 4 here; eval_every 1 there, 2 here; checkpoint_every 2 "
+        "there, 4 here; equal_compute_step 2 there, 4 here); run without --reuse to train it "
+        "again"
+    )
+    assert {path: path.read_bytes() for path in runs.rglob("*") if path.is_file()} == kept
+    assert "training" not in done.stdout and not (tmp_path / "report").exists()
+
+
+@pytest.mark.parametrize("saved", [[], [{"arm": "unigram", "seed": 0, "minutes": 1.0}], [1]])
+def test_report_only_without_finished_runs_is_one_sentence(tmp_path, saved):
+    (tmp_path / "results.json").write_text(json.dumps(saved))
+    command = [sys.executable, "scripts/study_masking.py", "--quick", "--runs", str(tmp_path),
+               "--out", str(tmp_path / "report"), "--report_only"]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, env=child_env(), capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.splitlines()[-1] == (
+        f"advpt: error: --report_only: {tmp_path / 'results.json'} holds no finished runs of a "
+        "study; run it first"
+    )
+    assert not (tmp_path / "report").exists()
