@@ -3,7 +3,9 @@ prepared data from the real installed packages, and the command end to end on re
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import shutil
 
 import numpy as np
@@ -13,11 +15,14 @@ import torch
 from advpt.correlation import spearman
 from advpt.data.homology import cluster_ids, split_clusters
 from advpt.downstream import prepare
+from advpt.downstream.dms import SCANS, SOURCES, datasets_dir
+from advpt.downstream.features import EncoderFeatures, OneHotFeatures
 from advpt.downstream.localisation import COMPARTMENTS
 from advpt.downstream.probes import logistic_probe, ridge_probe
 from advpt.downstream.structure_db import STRUCTURE_DB
 from advpt.errors import DataError
 from advpt.evaluate import main
+from advpt.inference import pad
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.exports import save_export
 from tests.helpers import save_tiny_esm
@@ -61,6 +66,61 @@ def test_the_ridge_probe_ranks_a_noisy_linear_target():
     y = x @ rng.normal(size=20) + 0.3 * rng.normal(size=1200)
     fit = ridge_probe((x[:500], y[:500]), (x[500:700], y[500:700]), x[700:])
     assert spearman(fit.predictions, y[700:]) > 0.95
+
+
+# ----------------------------------------------------------------------------- features
+
+
+def test_the_one_hot_window_holds_each_residues_neighbours_and_nothing_past_the_ends():
+    """``A C X`` (X: "other", letter 20) with one neighbour either side."""
+    (states,) = OneHotFeatures(window=1).residues(["ACX"])
+    assert states.shape == (3, 3 * 21)
+    seen = states.reshape(3, 3, 21)
+    assert seen.sum(-1).tolist() == [[0, 1, 1], [1, 1, 1], [1, 1, 0]]
+    assert seen.argmax(-1)[1].tolist() == [0, 1, 20] and seen[0, 2, 1] == seen[2, 0, 1] == 1
+    assert np.array_equal(OneHotFeatures().residues(["ACX"])[0], seen[:, 1])
+
+
+def test_pair_composition_counts_adjacent_pairs_in_order():
+    pairs = OneHotFeatures(window=7, pairs=True).proteins(["ACAC", "W"]).reshape(2, 21, 21)
+    assert pairs[0, 0, 1] == pytest.approx(2 / 3) and pairs[0, 1, 0] == pytest.approx(1 / 3)
+    assert pairs[0].sum() == pytest.approx(1) and pairs[1].sum() == 0  # one residue: no pair
+    assert OneHotFeatures().proteins(["ACAC"])[0, :2].tolist() == [0.5, 0.5]
+
+
+def test_only_the_window_lets_a_probe_read_a_neighbours_letter():
+    """A residue's class here is its right neighbour's letter (A or C): the context-free floor
+    is at chance on it, the windowed one reads it."""
+    rng = np.random.default_rng(4)
+    chains = ["".join(rng.choice(list("AC"), 60)) for _ in range(60)]
+    labels = [np.array([c == "C" for c in chain[1:] + "A"], dtype=np.int64) for chain in chains]
+
+    def accuracy(features: OneHotFeatures) -> float:
+        x = [np.concatenate(features.residues(chains[i::3])) for i in range(3)]
+        y = [np.concatenate(labels[i::3]) for i in range(3)]
+        fit = logistic_probe((x[0], y[0]), (x[1], y[1]), x[2], 2)
+        return float((fit.predictions == y[2]).mean())
+
+    assert abs(accuracy(OneHotFeatures()) - 0.5) < 0.1
+    assert accuracy(OneHotFeatures(window=1)) > 0.98
+
+
+def test_the_probes_read_the_layer_asked_for():
+    """Layer 0 is what enters the first layer (the embeddings), the last is the encoder's
+    output, as ESM's extract.py numbers them."""
+    torch.manual_seed(0)
+    encoder = MaskedLanguageModel(ENCODER_PRESETS["tiny"]).encoder.eval()
+    sequence = "MKTAYIAKQR"
+    ids, valid = pad([encoder.cfg.vocabulary.encode(sequence)], 0, torch.device("cpu"))
+    with torch.no_grad():
+        embeddings = encoder.embeddings(ids, valid)[0, 1:-1].numpy()
+        output = encoder(ids, valid)[0, 1:-1].numpy()
+    last = encoder.cfg.num_layers
+    assert np.allclose(EncoderFeatures(encoder, layer=0).residues([sequence])[0], embeddings)
+    assert np.allclose(EncoderFeatures(encoder).residues([sequence])[0], output)
+    assert np.allclose(EncoderFeatures(encoder, layer=last).residues([sequence])[0], output)
+    middle = EncoderFeatures(encoder, layer=1).residues([sequence])[0]
+    assert not np.allclose(middle, output) and not np.allclose(middle, embeddings)
 
 
 # ----------------------------------------------------------------------------- splits
@@ -125,7 +185,7 @@ def test_a_carried_entry_serves_where_its_packages_are_absent(eval_cache, tmp_pa
     carried = tmp_path / "carried"
     shutil.copytree(entry, carried / entry.name)
     elsewhere = tmp_path / "not-installed"
-    data = prepare.ensure(str(carried), LIMIT, elsewhere / "structure_db.dat", elsewhere)
+    data = prepare.ensure(str(carried), LIMIT, str(elsewhere / "structure_db.dat"), str(elsewhere))
     assert data.folder == carried / entry.name
     assert sorted(p.name for p in data.scans.iterdir()) == [
         "amyloid_data.csv.gz", "gb1_data.csv.gz", "nisthal_data.csv.gz", "tdp43_data.csv.gz",
@@ -138,8 +198,108 @@ def test_a_cut_structure_db_is_one_sentence_and_leaves_no_entry(tmp_path):
     with open(STRUCTURE_DB, "rb") as source:
         cut.write_bytes(source.read(1 << 20))
     with pytest.raises(DataError, match=str(cut)):
-        prepare.ensure(str(tmp_path / "cache"), LIMIT, structure_db=cut)
+        prepare.ensure(str(tmp_path / "cache"), LIMIT, structure_db=str(cut))
     assert not any((tmp_path / "cache").glob("*"))
+
+
+def cut_short(path, keep: float = 0.5) -> int:
+    """Cuts ``path`` to ``keep`` of its bytes; its size before."""
+    size = path.stat().st_size
+    os.truncate(path, int(size * keep))
+    return size
+
+
+@pytest.mark.slow  # MMseqs2, or the suite on two models and their baselines
+def test_a_cut_prepared_file_is_made_anew_where_its_sources_are(eval_cache, tmp_path):
+    entry = prepare.ensure(str(eval_cache), LIMIT).folder
+    shutil.copytree(entry, tmp_path / entry.name)
+    whole = cut_short(tmp_path / entry.name / "secondary_structure.npz")
+    data = prepare.ensure(str(tmp_path), LIMIT)
+    assert (data.folder / "secondary_structure.npz").stat().st_size == whole
+    assert len(data.secondary_structure().names) == LIMIT
+
+
+def test_a_cut_prepared_file_is_one_sentence_where_its_sources_are_not(eval_cache, tmp_path):
+    entry = prepare.ensure(str(eval_cache), LIMIT).folder
+    shutil.copytree(entry, tmp_path / entry.name)
+    npz = tmp_path / entry.name / "localisation.npz"
+    whole = cut_short(npz)
+    missing = tmp_path / "none.dat"
+    with pytest.raises(DataError) as caught:
+        prepare.ensure(str(tmp_path), LIMIT, structure_db=str(missing))
+    message = str(caught.value)
+    assert f"localisation.npz has {whole // 2:,} bytes, not the {whole:,} written" in message
+    assert f"cannot find {missing}" in message and "--structure_db" in message
+    assert npz.stat().st_size == whole // 2  # left as it was
+
+
+def test_a_cut_npz_read_anyway_is_one_sentence(tmp_path):
+    chains = prepare.Proteins.of(["a", "b"], ["MK", "VLS"], np.zeros(5, np.uint8), np.zeros(2))
+    chains.save(tmp_path / "chains.npz")
+    cut_short(tmp_path / "chains.npz")
+    with pytest.raises(DataError, match="chains.npz cannot be read"):
+        prepare.Proteins.load(tmp_path / "chains.npz")
+
+
+# ----------------------------------------------------------------------------- data sources
+
+
+@pytest.fixture
+def scans_copy(tmp_path):
+    """The four scan files of the installed mavenn, copied into a folder of their own."""
+    if importlib.util.find_spec("mavenn") is None:
+        pytest.skip("mavenn is not installed (pip install --no-deps mavenn==1.1.4)")
+    folder = tmp_path / "scans"
+    folder.mkdir()
+    for name in SCANS:
+        shutil.copyfile(datasets_dir() / SOURCES[name].file, folder / SOURCES[name].file)
+    return folder
+
+
+@needs_packages
+@pytest.mark.parametrize(
+    "source, named, package",
+    [
+        ("structure_db", "none.dat", "promod3-data"),
+        ("swissprot", "none/CCO/goasp_annot.dat", "metastudent-data"),
+        ("scans", "none/gb1_data.csv.gz", "mavenn==1.1.4"),
+    ],
+)
+def test_a_missing_source_is_one_sentence_naming_its_flag_variable_and_package(
+    tmp_path, capsys, source, named, package
+):
+    where = "none.dat" if source == "structure_db" else "none"
+    code = prepare.main(["--cache", str(tmp_path / "cache"), f"--{source}", str(tmp_path / where)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert f"cannot find {tmp_path / named}" in err
+    assert f"--{source} or ${prepare.DATA_SOURCES[source].env}" in err and package in err
+    assert not (tmp_path / "cache").exists()
+
+
+@needs_packages
+def test_a_missing_scan_file_is_one_sentence_naming_it_not_a_write(
+    scans_copy, tmp_path, monkeypatch
+):
+    (scans_copy / "amyloid_data.csv.gz").unlink()
+    monkeypatch.setenv("ADVPT_SCANS", str(scans_copy))
+    with pytest.raises(DataError) as caught:
+        prepare.ensure(str(tmp_path / "cache"), LIMIT)
+    message = str(caught.value)
+    assert message.startswith(f"cannot find {scans_copy / 'amyloid_data.csv.gz'}: ")
+    assert "$ADVPT_SCANS" in message and "cannot write" not in message
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.slow  # MMseqs2, or the suite on two models and their baselines
+@needs_packages
+def test_a_source_named_by_its_flag_is_the_one_read(eval_cache, scans_copy, tmp_path):
+    data = prepare.ensure(str(tmp_path / "cache"), LIMIT, scans=str(scans_copy))
+    manifest = json.loads((data.folder / "manifest.json").read_text())
+    named = scans_copy / "gb1_data.csv.gz"
+    assert manifest["sources"]["gb1_binding"]["path"] == str(named.resolve())
+    assert manifest["sources"]["structure_db"]["path"] == str(STRUCTURE_DB.resolve())
+    assert (data.scans / "gb1_data.csv.gz").read_bytes() == named.read_bytes()
 
 
 # ----------------------------------------------------------------------------- the command
@@ -169,9 +329,21 @@ def test_the_suite_scores_every_model_beside_its_baselines_and_repeats_itself(
     printed = capsys.readouterr().out
     results = json.loads((tmp_path / "a" / "results.json").read_text())
     kinds = [s["kind"] for s in results["subjects"]]
-    assert kinds == ["context-free", "random init", "model", "random init", "model"]
+    assert kinds == [
+        "context-free",
+        "local context",
+        "random init",
+        "model",
+        "random init",
+        "model",
+    ]
+    floor, local = (results["subjects"][i]["scores"] for i in (0, 1))
+    assert set(local) == {"secondary_structure", "localisation"}  # its two tasks only
+    assert local["secondary_structure"]["q3"] > floor["secondary_structure"]["q3"]
     for subject in results["subjects"]:
         scores = subject["scores"]
+        if subject["kind"] == "local context":
+            continue
         assert 0.2 < scores["secondary_structure"]["q3"] <= 1.0
         assert 0.0 <= scores["localisation"]["accuracy"] <= 1.0
         assert set(scores["zero_shot"]) == {
@@ -215,6 +387,26 @@ def test_bad_settings_are_one_sentence(tmp_path, capsys, flags, message):
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("out", ["/proc/advpt-results", "a-file/results"])
+def test_an_out_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys, out):
+    """Before the models are loaded (the folder named holds none, which would be the error
+    after) and before the data is prepared (no cache is made)."""
+    (tmp_path / "a-file").write_text("")
+    out = out if out.startswith("/") else str(tmp_path / out)
+    assert main([str(tmp_path), "--out", out, "--cache", str(tmp_path / "cache")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--out {out}" in err and "is none of" not in err
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "a-file" / "results").exists()
+
+
+def test_a_layer_the_model_lacks_is_one_sentence_before_any_work(models, tmp_path, capsys):
+    args = [str(models / "tiny"), "--out", str(tmp_path / "out"), "--layer", "-4"]
+    assert main([*args, "--cache", str(tmp_path / "cache")]) == 2
+    err = capsys.readouterr().err
+    assert "--layer -4:" in err and "has layers 0 (the embeddings) to 2, or -1" in err
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
 
 
 def test_a_folder_that_holds_no_model_is_one_sentence(tmp_path, capsys):
