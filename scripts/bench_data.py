@@ -42,7 +42,7 @@ import psutil
 
 from advpt.data.bundled import BUNDLED_PROTEOME
 from advpt.data.cache import locate
-from advpt.data.prepare import prepare
+from advpt.data.preparation import prepare
 from advpt.data.prepared import ProteinDataset
 from advpt.training.engines.engine import simple_ds_config
 from advpt.training.run_dir import RunDir

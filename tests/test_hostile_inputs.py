@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from advpt.data.prepare import prepare
+from advpt.data.preparation import prepare
 from advpt.errors import EXIT_BAD_INPUT, EXIT_STOPPED, DataError
 from advpt.train import main
 from tests.helpers import (

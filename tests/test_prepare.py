@@ -20,7 +20,8 @@ from advpt.config.cli import parse
 from advpt.config.pretrain import TrainConfig
 from advpt.data.cache import locate, open_data
 from advpt.data.dataset import CroppedView
-from advpt.data.prepare import main, prepare
+from advpt.data.preparation import prepare
+from advpt.data.prepare import main
 from advpt.data.prepared import FILES, ProteinDataset
 from advpt.data.sampling import AllRecords
 from advpt.data.stream import MicroBatches

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from advpt.data.prepare import prepare
+from advpt.data.preparation import prepare
 from advpt.data.prepared import ProteinDataset
 from advpt.data.sampling import AllRecords, Subset
 from advpt.data.unigram import residue_counts, unigram_entropy, unigram_log_probs

@@ -34,7 +34,7 @@ import numpy as np
 
 from advpt.data.cache import cache_root
 from advpt.data.keyed import hash_strings
-from advpt.data.prepare import building, source_entry
+from advpt.data.preparation import building, source_entry
 from advpt.data.prepared import MANIFEST, Mapped, MappedArray, ProteinDataset
 from advpt.data.readers import (
     PARQUET_SUFFIXES,

@@ -53,7 +53,7 @@ from advpt.command import DEBUG_HELP, command, positive, stopping_on_signals
 from advpt.data.cache import open_data
 from advpt.data.clusters import ClusterSource
 from advpt.data.homology import cluster_ids
-from advpt.data.prepare import building, prepare
+from advpt.data.preparation import building, prepare
 from advpt.data.prepared import ProteinDataset, is_prepared
 from advpt.errors import DataError, OutputError, first_line, shorten
 

@@ -47,7 +47,7 @@ from advpt.command import command, stopping_on_signals
 from advpt.data.cache import cache_root
 from advpt.data.homology import cluster_ids, split_clusters
 from advpt.data.keyed import Permutation
-from advpt.data.prepare import building, source_entry
+from advpt.data.preparation import building, source_entry
 from advpt.downstream.dms import SCANS, SOURCES, datasets_dir
 from advpt.downstream.localisation import ANNOTATIONS, SWISSPROT, read_localisation
 from advpt.downstream.structure_db import STRUCTURE_DB, read_structure_db
