@@ -258,6 +258,49 @@ def _damage(folder: Path, manifest: dict) -> str | None:
     return None
 
 
+def _reusable(folder: Path, sources: dict[str, dict], missing: str | None) -> bool:
+    """Whether the entry ``folder`` serves as it is: whole, and made from ``sources`` (from any
+    where a source is ``missing``). A damaged entry is made anew, or is one sentence where a
+    source to make it is missing."""
+    manifest = _manifest(folder)
+    if manifest is None:
+        return False
+    damage = _damage(folder, manifest)
+    if damage is None:
+        return missing is not None or manifest.get("sources") == sources
+    if missing is not None:
+        raise DataError(f"the evaluation data in {folder} is damaged ({damage}): {missing}")
+    print(f"[advpt] the evaluation data in {folder} is damaged ({damage}): made anew")
+    return False
+
+
+def _make(
+    folder: Path, files: dict[str, Path], swissprot: Path, sources: dict, limit: int | None
+) -> None:
+    """The entry ``folder`` from the source ``files`` (manifest key -> file), written beside it
+    and moved in when complete."""
+    print(f"[advpt] preparing the evaluation data into {folder} (once; a few minutes)")
+    start = time.perf_counter()
+    try:
+        with building(folder) as tmp:
+            (tmp / "scans").mkdir()
+            for key in SCANS:
+                shutil.copyfile(files[key], tmp / "scans" / files[key].name)
+            chains = prepare_secondary_structure(
+                files["structure_db"], tmp / "secondary_structure.npz", limit
+            )
+            proteins = prepare_localisation(swissprot, tmp / "localisation.npz", limit)
+            manifest = {
+                "version": VERSION, "sources": sources, "files": _sizes(tmp), "chains": chains,
+                "localisation_proteins": proteins, "identity": IDENTITY, "coverage": COVERAGE,
+                "held_out": HELD_OUT, "split_seed": SPLIT_SEED,
+            }  # fmt: skip
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    except OSError as err:
+        raise cannot_write(err, folder) from err
+    print(f"[advpt] evaluation data ready in {time.perf_counter() - start:.0f} s")
+
+
 def ensure(
     cache: str = "",
     limit: int | None = None,
@@ -276,37 +319,10 @@ def ensure(
     files = _files_of(located)
     sources = {key: source_entry(path) for key, path in files.items() if path.is_file()}
     missing = next(filter(None, (DATA_SOURCES[k].missing(p) for k, p in located.items())), None)
-    manifest = _manifest(folder)
-    if manifest is not None:
-        damage = _damage(folder, manifest)
-        if damage is None and (missing is not None or manifest.get("sources") == sources):
-            return EvalData(folder)
-        if damage is not None and missing is not None:
-            raise DataError(f"the evaluation data in {folder} is damaged ({damage}): {missing}")
-        if damage is not None:
-            print(f"[advpt] the evaluation data in {folder} is damaged ({damage}): made anew")
-    if missing is not None:
-        raise DataError(missing)
-    print(f"[advpt] preparing the evaluation data into {folder} (once; a few minutes)")
-    start = time.perf_counter()
-    try:
-        with building(folder) as tmp:
-            (tmp / "scans").mkdir()
-            for key in SCANS:
-                shutil.copyfile(files[key], tmp / "scans" / files[key].name)
-            chains = prepare_secondary_structure(
-                files["structure_db"], tmp / "secondary_structure.npz", limit
-            )
-            proteins = prepare_localisation(located["swissprot"], tmp / "localisation.npz", limit)
-            manifest = {
-                "version": VERSION, "sources": sources, "files": _sizes(tmp), "chains": chains,
-                "localisation_proteins": proteins, "identity": IDENTITY, "coverage": COVERAGE,
-                "held_out": HELD_OUT, "split_seed": SPLIT_SEED,
-            }  # fmt: skip
-            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    except OSError as err:
-        raise cannot_write(err, folder) from err
-    print(f"[advpt] evaluation data ready in {time.perf_counter() - start:.0f} s")
+    if not _reusable(folder, sources, missing):
+        if missing is not None:
+            raise DataError(missing)
+        _make(folder, files, located["swissprot"], sources, limit)
     return EvalData(folder)
 
 
