@@ -32,6 +32,7 @@ import hashlib
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -84,7 +85,10 @@ def building(name: str) -> Iterator[Path]:
     build raises ``Stopped`` (exit 75)."""
     folder = extensions_folder()
     folder.mkdir(parents=True, exist_ok=True)
-    with stopping_on_signals(), open(folder / f"{name}.advpt-lock", "a+") as lock:
+    # Signal handlers can be set from the main thread only; elsewhere the signals stay its.
+    main = threading.current_thread() is threading.main_thread()
+    stops = stopping_on_signals() if main else contextlib.nullcontext()
+    with stops, open(folder / f"{name}.advpt-lock", "a+") as lock:
         _wait(
             lambda: _try_flock(lock),
             lambda: f"another advpt process ({_holder(lock)}) to build {name} in {folder}",

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import venv
 from pathlib import Path
@@ -160,3 +161,20 @@ def test_the_adam_op_a_deepspeed_json_builds_is_built_under_advpts_lock():
     assert adam_op_builder(deepspeed_adam) == "CPUAdamBuilder"  # the CPU accelerator
     lamb = deepspeed_adam | {"optimizer": {"type": "Lamb", "params": {"lr": 1e-3}}}
     assert adam_op_builder(lamb) is None
+
+
+def test_a_build_asked_for_by_another_thread_takes_the_lock_too(tmp_path, monkeypatch):
+    """Signal handlers can be set from the main thread only: elsewhere the build goes on
+    without them instead of failing (which the sampler's loader would take as a failed build)."""
+    monkeypatch.setenv(extensions.ENV, str(tmp_path))
+    built = []
+
+    def build() -> None:
+        with extensions.building("op") as folder:
+            built.append(folder)
+
+    worker = threading.Thread(target=build)
+    worker.start()
+    worker.join()
+    assert built == [tmp_path / "op"]
+    assert (tmp_path / "op.advpt-lock").exists()
