@@ -78,8 +78,11 @@ def plot(subjects: list[Subject], path: Path) -> bool:
         ax.set_xticks([])
         ax.axhline(0, color="black", linewidth=0.5)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[i]) for i in range(len(subjects))]
-    fig.legend(handles, [s.name for s in subjects], loc="lower center", ncol=min(4, len(subjects)))
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    ncol = min(4, len(shown), len(subjects))  # a legend no wider than the panels
+    rows = -(-len(subjects) // ncol)
+    names = [s.name for s in subjects]
+    fig.legend(handles, names, loc="lower center", ncol=ncol, fontsize=8)
+    fig.tight_layout(rect=(0, 0.04 + 0.05 * rows, 1, 1))
     with atomic_output(path) as staging:
         fig.savefig(staging, dpi=110, format="png")
     plt.close(fig)
