@@ -516,6 +516,18 @@ def test_assays_without_proteingym_is_one_sentence(model, tmp_path, capsys):
     assert "--assays and --proteingym_reference need --proteingym" in capsys.readouterr().err
 
 
+def test_a_model_without_an_mlm_head_is_one_sentence(gym, tmp_path, capsys):
+    encoder = tmp_path / "encoder"
+    save_export(MaskedLanguageModel(ENCODER_PRESETS["tiny"]).encoder, encoder)
+    assert benchmark(encoder, gym, tmp_path / "out", "--assays", "A4_HUMAN_*") == 2
+    said = capsys.readouterr().err.strip()
+    assert said == (
+        f"advpt: error: {encoder} holds an encoder without a masked-LM head, which zero-shot "
+        "scores need"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 def test_help_names_the_proteingym_flags(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
