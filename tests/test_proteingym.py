@@ -342,6 +342,23 @@ def test_a_run_without_results_continues_from_its_scoring_files(finished, model,
     assert again["summary"] == finished[1]["summary"] and again["assays"] == finished[1]["assays"]
 
 
+def test_a_missing_column_is_scored_and_the_columns_of_other_subjects_stay(
+    finished, model, gym, tmp_path
+):
+    out = tmp_path / "out"
+    shutil.copytree(finished[0], out)
+    (out / "results.json").unlink()
+    scoring = out / "scores" / f"{LONG}.csv"
+    rows = read_rows(scoring)
+    header = [c if c != str(model) else "an earlier model" for c in rows[0]]
+    write_rows(scoring, header, [r.values() for r in rows])  # the model's column renamed
+    assert benchmark(model, gym, out) == 0
+    again = read_rows(scoring)
+    assert list(again[0]) == [*header[:4], *SUBJECTS, str(model), "an earlier model"]
+    assert [r[str(model)] for r in again] == [r[str(model)] for r in rows]
+    assert [r["an earlier model"] for r in again] == [r[str(model)] for r in rows]
+
+
 def test_a_scoring_file_of_other_variants_is_one_sentence(finished, model, gym, tmp_path, capsys):
     out = tmp_path / "out"
     shutil.copytree(finished[0], out)

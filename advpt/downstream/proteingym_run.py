@@ -16,7 +16,7 @@ columns and one column of scores per subject, named as the subject: ProteinGym's
 merged scores, which its ``performance_DMS_benchmarks.py`` reads. It is written whole when the
 assay is scored (:func:`advpt.inference.atomic_output`). A run that is stopped keeps the files
 it finished; run again, it reads their columns back (where they hold the assay's variants) and
-scores only what is missing.
+scores only the subjects missing there (the columns of subjects not in the run stay).
 """
 
 from __future__ import annotations
@@ -151,19 +151,20 @@ def subject_scores(
     return np.bincount(data.variant, weights=gains, minlength=data.rows)
 
 
-def read_scores(path: Path, data: AssayData, names: list[str]) -> dict[str, np.ndarray]:
-    """The columns ``names`` that the scoring file ``path`` holds (none where it does not
-    exist); an ``OutputError`` where it holds other variants than the assay."""
+def read_scores(path: Path, data: AssayData) -> dict[str, np.ndarray]:
+    """Every column of scores ``[n]`` that the scoring file ``path`` holds beside the assay
+    file's own columns (none where it does not exist), NaN where a value is no number; an
+    ``OutputError`` where it holds other variants than the assay."""
     if not path.is_file():
         return {}
+    own = next(csv_rows(data.path, "assay file"))[1]
     rows = csv_rows(path, "scoring file")
-    header = next(rows)[1]
-    kept = [name for name in names if name in header]
-    values: dict[str, list[float]] = {name: [] for name in kept}
+    names = [name for name in next(rows)[1] if name not in own]
+    values: dict[str, list[float]] = {name: [] for name in names}
     mutants = []
     for _, row in rows:
         mutants.append((row.get("mutant") or "").strip())
-        for name in kept:
+        for name in names:
             try:
                 values[name].append(float(row[name] or "nan"))
             except ValueError:
@@ -173,7 +174,7 @@ def read_scores(path: Path, data: AssayData, names: list[str]) -> dict[str, np.n
             f"scoring file {path} holds other variants than assay file {data.path}; remove it "
             "(or pass --overwrite) to score the assay again"
         )
-    return {name: np.array(v) for name, v in values.items() if np.isfinite(v).all()}
+    return {name: np.array(v) for name, v in values.items()}
 
 
 def write_scores(path: Path, data: AssayData, scores: dict[str, np.ndarray]) -> None:
@@ -217,12 +218,15 @@ def run(
     if (out / "results.json").exists():
         forget(out, benchmark)
     names = [s.name for s in subjects]
-    kept = [read_scores(out / SCORES / f"{d.assay.dms_id}.csv", d, names) for d in benchmark.assays]
-    work = sum(d.rows * (len(names) - len(k)) for d, k in zip(benchmark.assays, kept, strict=True))
+    kept = [read_scores(out / SCORES / f"{d.assay.dms_id}.csv", d) for d in benchmark.assays]
+    todo = [[n for n in names if not np.isfinite(k.get(n, np.nan)).all()] for k in kept]
+    work = sum(d.rows * len(t) for d, t in zip(benchmark.assays, todo, strict=True))
     bar = tqdm(total=work, unit="variant", disable=None, file=sys.stderr, smoothing=0.1)
     results, done = [], 0
     try:
-        for i, (data, scores) in enumerate(zip(benchmark.assays, kept, strict=True)):
+        for i, (data, scores, unscored) in enumerate(
+            zip(benchmark.assays, kept, todo, strict=True)
+        ):
             label = f"{i + 1}/{len(benchmark.assays)} {data.assay.dms_id}"
             bar.set_description(label)
             sites = len(np.unique(data.position))
@@ -230,7 +234,7 @@ def run(
             def progress(n: int, data: AssayData = data, sites: int = sites) -> None:
                 bar.update(data.rows * n / sites)
 
-            missing = [s for s in subjects if s.name not in scores]
+            missing = [s for s in subjects if s.name in unscored]
             start = time.perf_counter()
             for subject in missing:
                 began = time.perf_counter()
@@ -240,8 +244,9 @@ def run(
                 spent = subject.seconds.get(TASK, 0.0) + time.perf_counter() - began
                 subject.seconds[TASK] = round(spent, 1)
             ordered = {name: scores[name] for name in names}
-            if missing:
-                write_scores(out / SCORES / f"{data.assay.dms_id}.csv", data, ordered)
+            if missing:  # the columns of subjects not in this run are kept after this run's
+                others = {name: v for name, v in scores.items() if name not in ordered}
+                write_scores(out / SCORES / f"{data.assay.dms_id}.csv", data, ordered | others)
                 done += 1
             metrics = {n: assay_metrics(data.measured, data.bins, v) for n, v in ordered.items()}
             results.append(Scored(data, ordered, metrics))
