@@ -32,6 +32,7 @@ import traceback
 import weakref
 from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Any
 
 from advpt.errors import (
     EXIT_BAD_INPUT,
@@ -139,24 +140,33 @@ def stopping_on_signals(interrupt_stops: bool = True) -> Iterator[None]:
     A signal that comes while a finalizer runs (a ``weakref.finalize`` or ``__del__``, when the
     garbage collector frees a temporary directory, say) is sent again just after: Python
     prints and drops whatever a finalizer raises, and the work would go on as if never
-    stopped."""
+    stopped. Any other callback whose exceptions Python drops (a plain ``weakref`` callback, a
+    garbage-collector callback) is caught after the fact: the dropped stop is sent again."""
     signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+    main = threading.get_ident()
 
     def stop(signum: int, frame: FrameType | None) -> None:
         if _in_finalizer(frame):
-            again = threading.Timer(0.05, signal.pthread_kill, (threading.get_ident(), signum))
-            again.daemon = True
-            again.start()
+            _send_soon(main, signum)
             return
         for sig in signals:
             signal.signal(sig, signal.SIG_IGN)
         # The stop may cut an object's __init__ short (a DataLoader's worker iterator, say),
         # whose __del__ then fails on what it never set: Python would print that after the one
-        # sentence. The process is ending; what finalizers raise from here on is not shown.
-        sys.unraisablehook = _ignore
+        # sentence. The process is ending; what finalizers raise from here on is not shown,
+        # but a stop that Python dropped there is sent again.
+        sys.unraisablehook = dropped
         if signum == signal.SIGINT and not interrupt_stops:
             raise KeyboardInterrupt
         raise Stopped(signum)
+
+    def dropped(unraisable: Any) -> None:
+        """An ``sys.unraisablehook`` that shows nothing, and sends a dropped stop again."""
+        error = unraisable.exc_value
+        if isinstance(error, Stopped | KeyboardInterrupt) and threading.get_ident() == main:
+            signum = error.signum if isinstance(error, Stopped) else signal.SIGINT
+            signal.signal(signum, stop)
+            _send_soon(main, signum)
 
     previous = {sig: signal.signal(sig, stop) for sig in signals}
     try:
@@ -166,8 +176,11 @@ def stopping_on_signals(interrupt_stops: bool = True) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _ignore(unraisable: object) -> None:
-    """An ``sys.unraisablehook`` that shows nothing."""
+def _send_soon(thread: int, signum: int) -> None:
+    """Send ``signum`` to ``thread`` in 50 ms (after the finalizer it came in has ended)."""
+    again = threading.Timer(0.05, signal.pthread_kill, (thread, signum))
+    again.daemon = True
+    again.start()
 
 
 def _in_finalizer(frame: FrameType | None) -> bool:

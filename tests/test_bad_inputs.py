@@ -408,6 +408,13 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+# A stop signal that arrives in a callback whose exceptions Python drops and that is no
+# finalizer (a plain weakref callback, as the study's runs met under load): caught after the fact.
+SIGNAL_IN_A_WEAKREF_CALLBACK = SIGNAL_IN_A_FINALIZER.replace(
+    "weakref.finalize(box, finalize)", "ref = weakref.ref(box, lambda ref: finalize())"
+)
+
+
 # A stop signal that cuts an object's __init__ short, whose __del__ then fails (as a DataLoader's
 # worker iterator does without its _shutdown).
 SIGNAL_IN_A_CONSTRUCTOR = """
@@ -435,7 +442,9 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.parametrize("script", [SIGNAL_IN_A_FINALIZER, SIGNAL_IN_A_CONSTRUCTOR])
+@pytest.mark.parametrize(
+    "script", [SIGNAL_IN_A_FINALIZER, SIGNAL_IN_A_WEAKREF_CALLBACK, SIGNAL_IN_A_CONSTRUCTOR]
+)
 def test_a_stop_signal_in_a_finalizer_or_a_constructor_ends_in_its_sentence_alone(script):
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=REPO, env=child_env(), capture_output=True,
