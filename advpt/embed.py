@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import secrets
+import shutil
 import sys
-import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -177,14 +179,18 @@ def embed_dataset(
 def npz_output(out: Path) -> Iterator[NpzParts]:
     """:class:`NpzParts` in a staging folder beside ``out``, zipped atomically into ``out``
     when the block ends without an error; nothing is left behind either way."""
+    # Named first and made inside the try: a stop signal just after the folder is made still
+    # removes it (tempfile.TemporaryDirectory, stopped inside its constructor, left it).
+    folder = out.with_name(f".{out.name}.{os.getpid()}-{secrets.token_hex(8)}.parts")
     try:
-        with (
-            atomic_output(out) as staging,
-            tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as folder,
-        ):
-            parts = NpzParts(Path(folder))
-            yield parts
-            parts.zip_into(staging)
+        with atomic_output(out) as staging:
+            try:
+                folder.mkdir()
+                parts = NpzParts(folder)
+                yield parts
+                parts.zip_into(staging)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
     except OSError as err:
         raise cannot_write(err, out) from err
 
