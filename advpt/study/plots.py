@@ -1,0 +1,141 @@
+"""The report's plots: held-out losses per arm, validation curves, each noiser's residue
+preferences, and the downstream suite's scores. Needs matplotlib."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from advpt.downstream.features import STANDARD_RESIDUES
+from advpt.study.arms import ARMS
+from advpt.study.results import Results
+from advpt.study.summary import Downstream, Summary, column_value
+
+
+def color(arm: str) -> str:
+    """One colour per arm in every plot."""
+    return "black" if arm == "unigram" else f"C{list(ARMS).index(arm)}"
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_scores(summary: Summary, arms: list[str], path: Path) -> None:
+    """Each arm's held-out loss, mean ± std, on the two tasks and at equal time, against the
+    unigram baseline."""
+    plt = pyplot()
+    panels = [
+        ("random", "random masking, equal updates"),
+        ("hard", "hard positions, equal updates"),
+        ("equal_time", "random masking, equal wall time"),
+    ]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 0.45 * len(arms) + 1.4), sharey=True)
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        means = [getattr(summary.arms[a], key)[0] for a in arms]
+        stds = [getattr(summary.arms[a], key)[1] for a in arms]
+        for y, (arm, mean, std) in enumerate(zip(arms, means, stds, strict=True)):
+            ax.errorbar(mean, y, xerr=std, fmt="o", color=color(arm), capsize=4)
+        unigram = getattr(summary.unigram, key)[0]
+        ax.axvline(unigram, color="black", linestyle="--", label="unigram baseline")
+        low = min([m - s for m, s in zip(means, stds, strict=True)] + [unigram])
+        high = max([m + s for m, s in zip(means, stds, strict=True)] + [unigram])
+        ax.set_xlim(low - 0.1 * (high - low) - 1e-3, high + 0.1 * (high - low) + 1e-3)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("held-out masked-token loss (nats)")
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(range(len(arms)), [ARMS[a] for a in arms], fontsize=8)
+    axes[0].invert_yaxis()
+    axes[0].legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_curves(results: Results, summary: Summary, arms: list[str], path: Path) -> None:
+    """Validation loss against encoder updates and against training wall time, mean ± std."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    for arm in arms:
+        curves = np.array([r.curve for r in results.of(arm)])  # [seeds, points, 3]
+        steps, seconds, losses = curves[0, :, 0], curves[:, :, 1].mean(0), curves[:, :, 2]
+        spread = losses.std(0, ddof=1) if len(losses) > 1 else None
+        style = {"color": color(arm), "marker": ".", "capsize": 2}
+        axes[0].errorbar(steps, losses.mean(0), yerr=spread, label=ARMS[arm], **style)
+        axes[1].errorbar(seconds, losses.mean(0), yerr=spread, **style)
+    for ax, x in zip(axes, ("encoder updates", "training wall time (s)"), strict=True):
+        ax.axhline(summary.unigram.equal_time[0], color="black", linestyle="--")
+        ax.set_xlabel(x)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("held-out loss, random masking")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def residue_enrichment(records: list[dict]) -> dict[str, float]:
+    """Mean per-residue mask enrichment over the logged steps of the second half of training."""
+    late = records[len(records) // 2 :]
+    return {
+        letter: statistics.fmean(r["residue_mask_enrichment"].get(letter, 0.0) for r in late)
+        for letter in STANDARD_RESIDUES
+    } if late else {}  # fmt: skip
+
+
+def plot_residues(results: Results, arms: list[str], path: Path) -> None:
+    """Each noiser's mask share of every residue over its background share, mean ± std."""
+    plt = pyplot()
+    noisy = []
+    for arm in arms:
+        per_seed = [residue_enrichment(r.records) for r in results.of(arm)]
+        if all(per_seed):
+            noisy.append((arm, per_seed))
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    width = 0.8 / max(1, len(noisy))
+    for i, (arm, per_seed) in enumerate(noisy):
+        xs = [j + (i - (len(noisy) - 1) / 2) * width for j in range(len(STANDARD_RESIDUES))]
+        values = np.array([[e[c] for c in STANDARD_RESIDUES] for e in per_seed])
+        spread = values.std(0, ddof=1) if len(values) > 1 else None
+        ax.bar(xs, values.mean(0), width, yerr=spread, label=ARMS[arm], color=color(arm))
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(STANDARD_RESIDUES)), list(STANDARD_RESIDUES))
+    ax.set_ylabel("mask share / background share")
+    ax.set_title("which residues each noiser masks (1 = no preference)", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_downstream(downstream: Downstream, arms: list[str], path: Path) -> None:
+    """One panel per suite column: each arm's mean ± std at equal compute, the context-free
+    baseline and the random encoder as lines."""
+    plt = pyplot()
+    columns = downstream.columns
+    fig, axes = plt.subplots(1, len(columns), figsize=(2.3 * len(columns), 0.4 * len(arms) + 1.6),
+                             sharey=True, squeeze=False)  # fmt: skip
+    baselines = downstream.baselines
+    for ax, suite_column in zip(axes[0], columns, strict=True):
+        for y, arm in enumerate(arms):
+            mean, std = suite_column.arms[arm].compute
+            ax.errorbar(mean, y, xerr=std, fmt="o", color=color(arm), capsize=3)
+        for kind, style in (("context-free", "--"), ("random init", ":")):
+            if kind in baselines:
+                value = column_value(baselines[kind], suite_column.column)
+                ax.axvline(value, color="black", linestyle=style, label=kind)
+        ax.set_title(suite_column.column[2], fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0][0].set_yticks(range(len(arms)), [ARMS[a] for a in arms], fontsize=8)
+    axes[0][0].invert_yaxis()
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
