@@ -1,13 +1,16 @@
-"""The masking study script at its quick size: every arm over two seeds, a table, three plots."""
+"""`python -m advpt.study` at its quick size: every arm over two seeds, a table, three plots."""
 
-import importlib.util
 import json
+import math
 import signal
 import subprocess
 import sys
 
 import pytest
 
+from advpt.study.results import Run, Score, read_kept, read_results
+from advpt.study.runs import steps_for_compute
+from advpt.study.summary import equal_compute
 from tests.helpers import REPO, child_env, wait_until
 
 pytest.importorskip("matplotlib")
@@ -22,8 +25,7 @@ def _mean_std(text: str) -> tuple[float, float]:
 def test_quick_study_stops_keeps_its_runs_and_writes_the_tables_and_plots(tmp_path):
     out, runs = tmp_path / "report", tmp_path / "runs"
     command = [
-        sys.executable, "scripts/study_masking.py", "--quick", "--out", str(out),
-        "--runs", str(runs),
+        sys.executable, "-m", "advpt.study", "--quick", "--out", str(out), "--runs", str(runs),
     ]  # fmt: skip
     # stopped by SIGTERM after its first runs: 75, one sentence, the finished runs kept
     job = subprocess.Popen(
@@ -44,7 +46,7 @@ def test_quick_study_stops_keeps_its_runs_and_writes_the_tables_and_plots(tmp_pa
     assert result.returncode == 0, result.stderr[-3000:]
     assert all((runs / name / "result.json").read_text() == text for name, text in kept.items())
     report = (out / "study.md").read_text()
-    assert "python scripts/study_masking.py --size quick --reuse\n" in report
+    assert "python -m advpt.study --size quick --reuse\n" in report
     assert "to train what an earlier, stopped study had not finished" in report
     assert "the 14 runs' training alone, over every invocation, took " in report  # 7 arms x 2
     lines = report.splitlines()
@@ -95,15 +97,11 @@ def test_quick_study_stops_keeps_its_runs_and_writes_the_tables_and_plots(tmp_pa
 
     # every encoder of a seed is scored on the same positions, and the judge's positions are
     # not random ones: the unigram baseline differs between the two tasks
-    results = json.loads((runs / "results.json").read_text())
-    unigrams = [r for r in results if r["arm"] == "unigram"]
-    assert len(unigrams) == 2
-    assert all(u["random masking"]["loss"] != u["hard positions"]["loss"] for u in unigrams)
+    results = read_results(runs / "results.json")
+    assert len(results.unigrams) == 2
+    assert all(u.random.loss != u.hard.loss for u in results.unigrams)
     for seed in (0, 1):
-        scored = {
-            r["random masking"]["scored"] for r in results if r.get("seed") == seed and "curve" in r
-        }
-        assert len(scored) == 1
+        assert len({r.random.scored for r in results.runs if r.seed == seed}) == 1
 
     # the report again from the saved results, with measured costs per update: an arm that
     # costs twice as much is read at half the updates on its curve
@@ -123,24 +121,20 @@ def test_quick_study_stops_keeps_its_runs_and_writes_the_tables_and_plots(tmp_pa
     assert table["| random 40%"][2] == "1.00"
 
 
-def _study():
-    spec = importlib.util.spec_from_file_location("study", REPO / "scripts/study_masking.py")
-    study = importlib.util.module_from_spec(spec)
-    sys.modules["study"] = study  # its dataclasses look their module up
-    spec.loader.exec_module(study)
-    return study
+def _run(arm: str, seconds: float, curve: list[tuple[int, float, float]]) -> Run:
+    """A trained run of ``arm``, 100 encoder updates and no random-only warm-up."""
+    unscored = Score(math.nan, math.nan)
+    return Run(arm, 0, 100, 100, 0, 100, seconds, 0.0, curve, [], unscored, unscored, {})
 
 
 def test_equal_compute_charges_warmup_steps_as_random_ones():
-    study = _study()
-    assert study.steps_for_compute(100, warmup=0, cost=2.0) == 50
-    assert study.steps_for_compute(100, warmup=25, cost=1.5) == 75  # 25 + 75 / 1.5
-    assert study.steps_for_compute(20, warmup=25, cost=1.5) == 20  # all within the warm-up
+    assert steps_for_compute(100, warmup=0, cost=2.0) == 50
+    assert steps_for_compute(100, warmup=25, cost=1.5) == 75  # 25 + 75 / 1.5
+    assert steps_for_compute(20, warmup=25, cost=1.5) == 20  # all within the warm-up
     curve = [(0, 0.0, 4.0), (50, 1.0, 3.0), (100, 2.0, 2.0)]  # (step, seconds, loss)
-    run = {"arm": "x", "warmup_steps": 0, "curve": curve, "seconds": 2.0}
-    reference = {"encoder_updates": 100, "seconds": 1.0}
-    assert study.equal_compute(run, reference, {"x": 2.0}) == 3.0  # step 50
-    assert study.equal_compute(run, reference, None) == 3.0  # at 1.0 s of its own wall time
+    run, reference = _run("alternating", 2.0, curve), _run("random", 1.0, curve)
+    assert equal_compute(run, reference, {"alternating": 2.0}) == 3.0  # step 50
+    assert equal_compute(run, reference, None) == 3.0  # at 1.0 s of its own wall time
 
 
 @pytest.mark.parametrize(
@@ -153,7 +147,7 @@ def test_equal_compute_charges_warmup_steps_as_random_ones():
     ],
 )
 def test_bad_arguments_end_in_one_sentence_before_any_training(tmp_path, flags, message):
-    command = [sys.executable, "scripts/study_masking.py", "--quick", "--runs", str(tmp_path)]
+    command = [sys.executable, "-m", "advpt.study", "--quick", "--runs", str(tmp_path)]
     done = subprocess.run(
         [*command, *flags], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120
     )
@@ -162,11 +156,10 @@ def test_bad_arguments_end_in_one_sentence_before_any_training(tmp_path, flags, 
 
 
 def test_a_result_cut_short_by_a_stop_is_trained_again(tmp_path):
-    study = _study()
     (tmp_path / "result.json").write_text('{"arm": "random", "se')
-    assert study.read_kept(tmp_path / "result.json") is None
+    assert read_kept(tmp_path / "result.json") is None
     (tmp_path / "result.json").write_text('{"arm": "random"}')
-    assert study.read_kept(tmp_path / "result.json") == {"arm": "random"}
+    assert read_kept(tmp_path / "result.json") == {"arm": "random"}
 
 
 def test_reuse_of_runs_trained_with_other_settings_is_refused_naming_them(tmp_path):
@@ -174,7 +167,7 @@ def test_reuse_of_runs_trained_with_other_settings_is_refused_naming_them(tmp_pa
     training, naming each setting that differs; nothing kept is touched."""
     runs = tmp_path / "runs"
     command = [
-        sys.executable, "scripts/study_masking.py", "--quick", "--arms", "random", "--seeds", "1",
+        sys.executable, "-m", "advpt.study", "--quick", "--arms", "random", "--seeds", "1",
         "--out", str(tmp_path / "report"), "--runs", str(runs),
     ]  # fmt: skip
     job = subprocess.Popen(
@@ -203,7 +196,7 @@ def test_reuse_of_runs_trained_with_other_settings_is_refused_naming_them(tmp_pa
 @pytest.mark.parametrize("saved", [[], [{"arm": "unigram", "seed": 0, "minutes": 1.0}], [1]])
 def test_report_only_without_finished_runs_is_one_sentence(tmp_path, saved):
     (tmp_path / "results.json").write_text(json.dumps(saved))
-    command = [sys.executable, "scripts/study_masking.py", "--quick", "--runs", str(tmp_path),
+    command = [sys.executable, "-m", "advpt.study", "--quick", "--runs", str(tmp_path),
                "--out", str(tmp_path / "report"), "--report_only"]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, env=child_env(), capture_output=True, text=True,
                           timeout=120)  # fmt: skip

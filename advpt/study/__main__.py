@@ -35,8 +35,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=positive, help="runs at a time (default: the size's)")
     parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS))
     parser.add_argument("--data", default=BUNDLED_PROTEOME, help="training data (advpt --data)")
-    parser.add_argument("--out", type=Path, default=Path("docs"), help="report directory")
-    parser.add_argument("--runs", type=Path, default=Path("runs/study"), help="run dirs")
+    parser.add_argument(
+        "--out", type=Path, default=Path("docs"), help="report directory (default ./docs)"
+    )
+    parser.add_argument(
+        "--runs",
+        type=Path,
+        default=Path("runs/study"),
+        help="run directories (default ./runs/study)",
+    )
     parser.add_argument(
         "--costs", type=Path,
         help="bench_throughput.py --json of the arms: equal time by measured cost per update",
@@ -72,7 +79,9 @@ def command_line(args: argparse.Namespace, reused: bool) -> str:
     return line + (" --reuse" if reused else "")
 
 
-def study(args: argparse.Namespace, arms: list[str], size: Size, costs) -> Results:
+def study(
+    args: argparse.Namespace, arms: list[str], size: Size, costs: dict[str, float] | None
+) -> Results:
     """Run the study and save its results for ``--report_only``; on a stop, the finished runs
     are kept for ``--reuse``."""
     start, load = time.perf_counter(), os.getloadavg()[0]

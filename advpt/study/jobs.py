@@ -20,7 +20,7 @@ from advpt.data.unigram import residue_counts, unigram_log_probs
 from advpt.downstream import prepare as downstream_data
 from advpt.downstream.suite import Inputs, context_free, encoder_subject, run_suite
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
-from advpt.study.results import EQUAL_COMPUTE_WEIGHTS, Run, Training, Unigram, read_kept
+from advpt.study.results import EQUAL_COMPUTE_WEIGHTS, Run, Score, Training, Unigram, read_kept
 from advpt.study.runs import check_kept_runs, equal_compute_step, train, train_judge
 from advpt.study.scoring import score, score_unigram, seed_tasks
 from advpt.study.sizes import Size
@@ -85,8 +85,11 @@ def train_job(
     return result
 
 
-def score_job(arm: str, seed: int, size: Size, runs: Path, data: str, device: torch.device):
-    """The final encoder of ``arm`` and ``seed`` on the seed's held-out tasks."""
+def score_job(
+    arm: str, seed: int, size: Size, runs: Path, data: str, device: torch.device
+) -> list[Score]:
+    """The final encoder of ``arm`` and ``seed`` on the seed's held-out tasks: random masking,
+    hard positions."""
     tasks, _ = seed_tasks(seed, size, runs, data, device)
     model = MaskedLanguageModel(ENCODER_PRESETS[size.encoder])
     model.load_state_dict(torch.load(runs / f"{arm}-seed{seed}" / "encoder.pt"))
@@ -118,6 +121,7 @@ def downstream_inputs(size: Size, runs: Path) -> Inputs:
 
 
 def say(line: str) -> None:
+    """A line of the study's progress."""
     print(f"study: {line}", flush=True)
 
 

@@ -38,6 +38,7 @@ class Occasion:
 
 
 def cell(pair: Spread, digits: int = 3) -> str:
+    """A table cell: mean ± std."""
     return f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}"
 
 
