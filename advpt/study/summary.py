@@ -106,15 +106,25 @@ def summarize_unigram(results: Results) -> UnigramSummary:
     )
 
 
+def seed_losses(
+    results: Results, arms: list[str], costs: dict[str, float] | None
+) -> dict[str, dict[int, Losses]]:
+    """Per arm, per seed in saved order: its run's three held-out losses."""
+    reference = {r.seed: r for r in results.of(BASELINE)}
+    return {
+        arm: {
+            r.seed: Losses(r.random.loss, r.hard.loss, equal_compute(r, reference[r.seed], costs))
+            for r in results.of(arm)
+        }
+        for arm in arms
+    }
+
+
 def summarize(results: Results, arms: list[str], costs: dict[str, float] | None) -> Summary:
     """Per arm (and the unigram baseline): (mean, std) over seeds of every reported number, and
     each arm's losses minus the best free heuristic's (the lowest at equal time), seed by seed."""
     reference = {r.seed: r for r in results.of(BASELINE)}
-    losses = {
-        arm: {r.seed: Losses(r.random.loss, r.hard.loss, equal_compute(r, reference[r.seed], costs))
-              for r in results.of(arm)}
-        for arm in arms
-    }  # fmt: skip
+    losses = seed_losses(results, arms, costs)
     heuristics = [a for a in arms if a in HEURISTICS]
     best = min(heuristics, key=lambda a: mean_std([x.equal_time for x in losses[a].values()])[0])
     summaries = {}
