@@ -5,7 +5,7 @@ ESM-2 directory, a TAPE ``save_pretrained`` directory). Its encoder is frozen an
 tasks of :mod:`advpt.downstream.suite`, beside the floors (context-free, local context) and a
 randomly initialised encoder of each model's shape, so that a reader sees what pre-training
 added; its probes read ``--layer``. The data comes from installed packages (or files that
-flags name), prepared once into a cache (:mod:`advpt.downstream.prepare`). Writes
+flags name), prepared once into a cache (:mod:`advpt.downstream.eval_data`). Writes
 ``results.json``, ``results.md`` and ``results.png`` to ``--out``, which is checked before any
 work, and prints the table. Seeded: the same command gives the same numbers.
 
@@ -26,7 +26,7 @@ import torch
 from advpt.command import command, stopping_on_signals
 from advpt.config.cli import parse
 from advpt.config.evaluate import EvaluateConfig
-from advpt.downstream import prepare, proteingym_results, proteingym_run, results
+from advpt.downstream import eval_data, proteingym_results, proteingym_run, results
 from advpt.downstream.proteingym_run import open_benchmark
 from advpt.downstream.suite import (
     Inputs,
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             scored = proteingym_run.run(gym, subjects, out, config.tokens_per_batch, print)
         else:
             sources = (config.structure_db, config.swissprot, config.scans)
-            inputs = Inputs(config, prepare.ensure(config.cache, config.data_limit, *sources))
+            inputs = Inputs(config, eval_data.ensure(config.cache, config.data_limit, *sources))
             run_suite(subjects, inputs, print)
     header = {
         "command": "python -m advpt.evaluate " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -22,7 +22,7 @@ import torch
 
 from advpt.command import DEBUG_HELP, command
 from advpt.config.evaluate import TASKS
-from advpt.downstream import prepare
+from advpt.downstream import eval_data
 from advpt.evaluate import main as evaluate
 from advpt.inference import pick_device
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     pick_device(args.device)  # a device that is not there is refused before the data is made
     start = time.perf_counter()
-    prepare.ensure(args.cache)
+    eval_data.ensure(args.cache)
     prepared = time.perf_counter() - start
     with tempfile.TemporaryDirectory(prefix="advpt-bench-evaluate-") as tmp:
         torch.manual_seed(0)

@@ -14,7 +14,7 @@ import torch
 
 from advpt.correlation import spearman
 from advpt.data.homology import cluster_ids, split_clusters
-from advpt.downstream import prepare
+from advpt.downstream import eval_data, prepare
 from advpt.downstream.dms import SCANS, SOURCES, datasets_dir
 from advpt.downstream.features import EncoderFeatures, OneHotFeatures
 from advpt.downstream.localisation import COMPARTMENTS
@@ -155,25 +155,25 @@ def eval_cache(tmp_path_factory):
     if not STRUCTURE_DB.exists() or shutil.which("mmseqs") is None:
         pytest.skip("the suite's Debian packages are not installed (bash scripts/setup_eval.sh)")
     cache = tmp_path_factory.mktemp("eval-cache")
-    prepare.ensure(str(cache), LIMIT)
+    eval_data.ensure(str(cache), LIMIT)
     return cache
 
 
 def test_prepared_data_holds_labelled_chains_and_proteins_split_by_cluster(eval_cache):
-    data = prepare.ensure(str(eval_cache), LIMIT)
+    data = eval_data.ensure(str(eval_cache), LIMIT)
     chains, proteins = data.secondary_structure(), data.localisation()
     assert len(chains.names) == LIMIT and chains.offsets[-1] == len(chains.labels)
     assert set(np.unique(chains.labels).tobytes().decode()) <= set("HECTSGBI")
     assert set(np.unique(chains.side)) == {0, 1, 2}
     assert proteins.labels.max() < len(COMPARTMENTS) and len(proteins.labels) > 50
     manifest = json.loads((data.folder / "manifest.json").read_text())
-    assert manifest["chains"] == LIMIT and manifest["split_seed"] == prepare.SPLIT_SEED
+    assert manifest["chains"] == LIMIT and manifest["split_seed"] == eval_data.SPLIT_SEED
 
 
 def test_prepared_data_is_reused_while_its_sources_are_unchanged(eval_cache):
-    folder = prepare.ensure(str(eval_cache), LIMIT).folder
+    folder = eval_data.ensure(str(eval_cache), LIMIT).folder
     before = (folder / "manifest.json").stat().st_mtime_ns
-    assert prepare.ensure(str(eval_cache), LIMIT).folder == folder
+    assert eval_data.ensure(str(eval_cache), LIMIT).folder == folder
     assert (folder / "manifest.json").stat().st_mtime_ns == before
 
 
@@ -181,11 +181,13 @@ def test_a_carried_entry_serves_where_its_packages_are_absent(eval_cache, tmp_pa
     """Copied to a machine without the packages (a GPU machine), the entry is used as it is:
     it holds the scans' files too. Where the packages are installed, sources that changed make
     it anew, so a stale entry is never used beside them."""
-    entry = prepare.ensure(str(eval_cache), LIMIT).folder
+    entry = eval_data.ensure(str(eval_cache), LIMIT).folder
     carried = tmp_path / "carried"
     shutil.copytree(entry, carried / entry.name)
     elsewhere = tmp_path / "not-installed"
-    data = prepare.ensure(str(carried), LIMIT, str(elsewhere / "structure_db.dat"), str(elsewhere))
+    data = eval_data.ensure(
+        str(carried), LIMIT, str(elsewhere / "structure_db.dat"), str(elsewhere)
+    )
     assert data.folder == carried / entry.name
     assert sorted(p.name for p in data.scans.iterdir()) == [
         "amyloid_data.csv.gz", "gb1_data.csv.gz", "nisthal_data.csv.gz", "tdp43_data.csv.gz",
@@ -198,7 +200,7 @@ def test_a_cut_structure_db_is_one_sentence_and_leaves_no_entry(tmp_path):
     with open(STRUCTURE_DB, "rb") as source:
         cut.write_bytes(source.read(1 << 20))
     with pytest.raises(DataError, match=str(cut)):
-        prepare.ensure(str(tmp_path / "cache"), LIMIT, structure_db=str(cut))
+        eval_data.ensure(str(tmp_path / "cache"), LIMIT, structure_db=str(cut))
     assert not any((tmp_path / "cache").glob("*"))
 
 
@@ -211,22 +213,22 @@ def cut_short(path, keep: float = 0.5) -> int:
 
 @pytest.mark.slow  # MMseqs2, or the suite on two models and their baselines
 def test_a_cut_prepared_file_is_made_anew_where_its_sources_are(eval_cache, tmp_path):
-    entry = prepare.ensure(str(eval_cache), LIMIT).folder
+    entry = eval_data.ensure(str(eval_cache), LIMIT).folder
     shutil.copytree(entry, tmp_path / entry.name)
     whole = cut_short(tmp_path / entry.name / "secondary_structure.npz")
-    data = prepare.ensure(str(tmp_path), LIMIT)
+    data = eval_data.ensure(str(tmp_path), LIMIT)
     assert (data.folder / "secondary_structure.npz").stat().st_size == whole
     assert len(data.secondary_structure().names) == LIMIT
 
 
 def test_a_cut_prepared_file_is_one_sentence_where_its_sources_are_not(eval_cache, tmp_path):
-    entry = prepare.ensure(str(eval_cache), LIMIT).folder
+    entry = eval_data.ensure(str(eval_cache), LIMIT).folder
     shutil.copytree(entry, tmp_path / entry.name)
     npz = tmp_path / entry.name / "localisation.npz"
     whole = cut_short(npz)
     missing = tmp_path / "none.dat"
     with pytest.raises(DataError) as caught:
-        prepare.ensure(str(tmp_path), LIMIT, structure_db=str(missing))
+        eval_data.ensure(str(tmp_path), LIMIT, structure_db=str(missing))
     message = str(caught.value)
     assert f"localisation.npz has {whole // 2:,} bytes, not the {whole:,} written" in message
     assert f"cannot find {missing}" in message and "--structure_db" in message
@@ -234,11 +236,11 @@ def test_a_cut_prepared_file_is_one_sentence_where_its_sources_are_not(eval_cach
 
 
 def test_a_cut_npz_read_anyway_is_one_sentence(tmp_path):
-    chains = prepare.Proteins.of(["a", "b"], ["MK", "VLS"], np.zeros(5, np.uint8), np.zeros(2))
+    chains = eval_data.Proteins.of(["a", "b"], ["MK", "VLS"], np.zeros(5, np.uint8), np.zeros(2))
     chains.save(tmp_path / "chains.npz")
     cut_short(tmp_path / "chains.npz")
     with pytest.raises(DataError, match="chains.npz cannot be read"):
-        prepare.Proteins.load(tmp_path / "chains.npz")
+        eval_data.Proteins.load(tmp_path / "chains.npz")
 
 
 # ----------------------------------------------------------------------------- data sources
@@ -273,7 +275,7 @@ def test_a_missing_source_is_one_sentence_naming_its_flag_variable_and_package(
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert f"cannot find {tmp_path / named}" in err
-    assert f"--{source} or ${prepare.DATA_SOURCES[source].env}" in err and package in err
+    assert f"--{source} or ${eval_data.DATA_SOURCES[source].env}" in err and package in err
     assert not (tmp_path / "cache").exists()
 
 
@@ -284,7 +286,7 @@ def test_a_missing_scan_file_is_one_sentence_naming_it_not_a_write(
     (scans_copy / "amyloid_data.csv.gz").unlink()
     monkeypatch.setenv("ADVPT_SCANS", str(scans_copy))
     with pytest.raises(DataError) as caught:
-        prepare.ensure(str(tmp_path / "cache"), LIMIT)
+        eval_data.ensure(str(tmp_path / "cache"), LIMIT)
     message = str(caught.value)
     assert message.startswith(f"cannot find {scans_copy / 'amyloid_data.csv.gz'}: ")
     assert "$ADVPT_SCANS" in message and "cannot write" not in message
@@ -294,7 +296,7 @@ def test_a_missing_scan_file_is_one_sentence_naming_it_not_a_write(
 @pytest.mark.slow  # MMseqs2, or the suite on two models and their baselines
 @needs_packages
 def test_a_source_named_by_its_flag_is_the_one_read(eval_cache, scans_copy, tmp_path):
-    data = prepare.ensure(str(tmp_path / "cache"), LIMIT, scans=str(scans_copy))
+    data = eval_data.ensure(str(tmp_path / "cache"), LIMIT, scans=str(scans_copy))
     manifest = json.loads((data.folder / "manifest.json").read_text())
     named = scans_copy / "gb1_data.csv.gz"
     assert manifest["sources"]["gb1_binding"]["path"] == str(named.resolve())

@@ -15,7 +15,8 @@ import pytest
 from advpt.data.cache import open_data
 from advpt.data.clusters import ClusterSource
 from advpt.data.homology import MMSEQS_MISSING
-from advpt.data.swissprot import (
+from advpt.data.swissprot import main
+from advpt.data.swissprot_corpus import (
     BLASTDBCMD_MISSING,
     CLUSTERS,
     DATABASE,
@@ -25,7 +26,6 @@ from advpt.data.swissprot import (
     Protein,
     build_corpus,
     export_fasta,
-    main,
     read_proteins,
 )
 from advpt.downstream.localisation import (

@@ -40,9 +40,9 @@ import torch
 from advpt.config.evaluate import EvaluateConfig
 from advpt.correlation import spearman
 from advpt.downstream.dms import SCANS, Scan, read_scan
+from advpt.downstream.eval_data import EvalData, Proteins
 from advpt.downstream.features import STANDARD_RESIDUES, EncoderFeatures, Features, OneHotFeatures
 from advpt.downstream.localisation import COMPARTMENTS
-from advpt.downstream.prepare import EvalData, Proteins
 from advpt.downstream.probes import logistic_probe, ridge_probe
 from advpt.models.encoder import MaskedLanguageModel
 from advpt.scoring import masked_marginals

@@ -17,7 +17,7 @@ from advpt.config.cli import parse
 from advpt.config.evaluate import EvaluateConfig
 from advpt.config.pretrain import DataConfig
 from advpt.data.unigram import residue_counts, unigram_log_probs
-from advpt.downstream import prepare as downstream_data
+from advpt.downstream import eval_data
 from advpt.downstream.suite import Inputs, context_free, encoder_subject, run_suite
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.study.results import EQUAL_COMPUTE_WEIGHTS, Run, Score, Training, Unigram, read_kept
@@ -117,7 +117,7 @@ def downstream_config(size: Size, runs: Path) -> EvaluateConfig:
 def downstream_inputs(size: Size, runs: Path) -> Inputs:
     """The suite's data, read once per process: every encoder a worker scores shares it."""
     config = downstream_config(size, runs)
-    return Inputs(config, downstream_data.ensure(config.cache, config.data_limit))
+    return Inputs(config, eval_data.ensure(config.cache, config.data_limit))
 
 
 def say(line: str) -> None:
@@ -175,7 +175,7 @@ def run_study(
     if reuse:
         check_kept_runs(arms, size, runs, data, cost)
     evaluation = downstream_config(size, runs)
-    downstream_data.ensure(evaluation.cache, evaluation.data_limit)  # likewise
+    eval_data.ensure(evaluation.cache, evaluation.data_limit)  # likewise
     device = join_group_of_one()  # each worker joins a group of its own, on the same device
     shared, seeds = (size, runs, data, device), range(size.seeds)
     with workers(size.jobs) as run:
