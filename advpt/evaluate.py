@@ -74,7 +74,7 @@ def probe_layer(layer: int, num_layers: int, path: str) -> int:
         ) from None
 
 
-def check_out(config: EvaluateConfig) -> Path:
+def check_results_out(config: EvaluateConfig) -> Path:
     out = Path(config.out)
     if out.exists() and not out.is_dir():
         raise OutputError(f"--out {out} is a file; name a folder for the results")
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     """Exit code 0, 2 with one sentence naming the bad input, 75 when stopped (no results
     written)."""
     config = parse(EvaluateConfig, argv)
-    out = check_out(config)
+    out = check_results_out(config)
     start = time.perf_counter()
     gym = None
     with stopping_on_signals():

@@ -41,7 +41,7 @@ class TaskSpec:
         return (TRAIN, VALID, *self.test_splits)
 
 
-TASKS: dict[str, TaskSpec] = {
+TAPE_TASKS: dict[str, TaskSpec] = {
     "secondary_structure": TaskSpec(
         "secondary_structure", "ss3", PER_RESIDUE, 3, ("cb513", "casp12", "ts115"), "accuracy"
     ),
@@ -58,18 +58,18 @@ TASKS: dict[str, TaskSpec] = {
     ),
     "stability": TaskSpec("stability", "stability_score", REGRESSION, 1, ("test",), "spearman"),
 }
-Task = Literal[tuple(TASKS)]
+Task = Literal[tuple(TAPE_TASKS)]
 SS_LABELS = {"ss3": 3, "ss8": 8}  # secondary structure in 3 (the paper's) or 8 (DSSP) classes
 SecondaryStructureLabels = Literal[tuple(SS_LABELS)]
 
 
 def task_spec(name: str, ss_label: str = "ss3") -> TaskSpec:
     """The task called ``name``; secondary structure scores ``ss_label`` (``ss3`` or ``ss8``)."""
-    if name not in TASKS:
-        raise DataError(f"unknown TAPE task {name!r}; choose one of {', '.join(TASKS)}")
+    if name not in TAPE_TASKS:
+        raise DataError(f"unknown TAPE task {name!r}; choose one of {', '.join(TAPE_TASKS)}")
     if ss_label not in SS_LABELS:
         raise DataError(f"ss_label must be one of {', '.join(SS_LABELS)}, got {ss_label!r}")
-    spec = TASKS[name]
+    spec = TAPE_TASKS[name]
     if spec.kind == PER_RESIDUE:
         spec = replace(spec, label=ss_label, num_labels=SS_LABELS[ss_label])
     return spec

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from advpt.command import DEBUG_HELP, command
-from advpt.config.evaluate import TASKS
+from advpt.config.evaluate import SUITE_TASKS
 from advpt.downstream import eval_data
 from advpt.evaluate import main as evaluate
 from advpt.inference import pick_device
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = results["subjects"][0]["seconds"]
     print(f"\nthe suite for a random {args.preset} encoder, --size {args.size}, "
           f"{torch.get_num_threads()} torch thread(s), {results['device']}:")  # fmt: skip
-    for task in TASKS:
+    for task in SUITE_TASKS:
         print(f"  {task:<20} {seconds[task]:>7.1f} s")
     print(f"  {'all (the command)':<20} {results['seconds']:>7.1f} s")
     print(f"  (the data, prepared or checked first: {prepared:.1f} s)")

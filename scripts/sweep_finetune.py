@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 from advpt.command import DEBUG_HELP, command  # noqa: E402
 from advpt.errors import ConfigError  # noqa: E402
-from advpt.tasks import TASKS  # noqa: E402
+from advpt.tasks import TAPE_TASKS  # noqa: E402
 from advpt.training.run_dir import RunDir  # noqa: E402
 
 TASK_TITLES = {
@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--encoder", action="append", required=True, metavar="NAME=PATH",
         help="a table column: advpt run dir, advpt export, TAPE dir, or none:PRESET",
     )  # fmt: skip
-    parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
+    parser.add_argument("--tasks", nargs="+", choices=list(TAPE_TASKS), default=list(TAPE_TASKS))
     parser.add_argument("--lrs", nargs="+", type=float, default=[1e-4, 5e-5, 1e-5])
     parser.add_argument("--batch_sizes", nargs="+", type=int, default=[32, 64])
     parser.add_argument("--weight_decays", nargs="+", type=float, default=[0.0, 0.01])
@@ -141,7 +141,7 @@ def sweep_one(args: argparse.Namespace, task: str, name: str, path: str) -> dict
         run_dir = base / "seeds" / f"{chosen['run_dir'].name}_seed{seed}"
         runs.append(finetune(args, run_dir, [*chosen["flags"], "--seed", str(seed)]))
     splits = {}
-    for split in TASKS[task].test_splits:
+    for split in TAPE_TASKS[task].test_splits:
         values = [run["splits"][split][metric] for run in runs]
         std = statistics.stdev(values) if len(values) > 1 else 0.0
         splits[split] = {"mean": statistics.fmean(values), "std": std, "values": values}
@@ -171,7 +171,7 @@ def markdown_table(results: dict[str, Any], encoders: list[str], seeds: int) -> 
         title = TASK_TITLES[task]
         if task == "secondary_structure":
             title += f" ({first['label']})"
-        for split in TASKS[task].test_splits:
+        for split in TAPE_TASKS[task].test_splits:
             cells = {e: by_encoder[e]["splits"][split] for e in encoders}
             best = max(cell["mean"] for cell in cells.values())
             row = []

@@ -14,7 +14,7 @@ from advpt.config.section import field_docs
 from advpt.errors import ConfigError
 from advpt.models import ENCODER_PRESETS, NOISER_PRESETS, TRANSFORMER_NOISER_PRESETS
 from advpt.models.heads import POOLINGS, HeadConfig
-from advpt.tasks import SS_LABELS, TASKS
+from advpt.tasks import SS_LABELS, TAPE_TASKS
 from advpt.variants import VARIANTS
 
 
@@ -91,7 +91,7 @@ def test_the_choices_of_a_flag_are_those_of_the_code_that_implements_them():
     for name in NOISER_PRESETS:
         assert parse(TrainConfig, ["--noiser", name]).model.noiser == name
     assert set(TRANSFORMER_NOISER_PRESETS) <= set(NOISER_PRESETS)
-    for task in TASKS:
+    for task in TAPE_TASKS:
         assert parse(FinetuneConfig, ["--task", task]).task == task
     for label in SS_LABELS:
         assert parse(FinetuneConfig, ["--ss_label", label]).ss_label == label

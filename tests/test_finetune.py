@@ -33,7 +33,7 @@ from advpt.tasks import (
     PER_RESIDUE,
     PER_SEQUENCE,
     REGRESSION,
-    TASKS,
+    TAPE_TASKS,
     task_spec,
 )
 from advpt.tokenizer import TAPE
@@ -131,7 +131,7 @@ def write_split(data_dir: Path, task: str, split: str, records: list[dict], fmt:
 def write_task(data_dir: Path, task: str, fmt: str = "lmdb", seed: int = 0, scale: int = 1) -> Path:
     """Every split of ``task`` (``scale`` x the default sizes) under ``data_dir``."""
     rng = np.random.default_rng(seed)
-    sizes = {**SIZES, **{split: TEST_SIZE for split in TASKS[task].test_splits}}
+    sizes = {**SIZES, **{split: TEST_SIZE for split in TAPE_TASKS[task].test_splits}}
     for split, size in sizes.items():
         records = [tape_record(task, i, rng) for i in range(size * scale)]
         write_split(data_dir, task, split, records, fmt)
@@ -157,7 +157,7 @@ def fresh_process(*argv: str) -> subprocess.CompletedProcess:
 # ----------------------------------------------------------------------------- data
 
 
-@pytest.mark.parametrize("task", list(TASKS))
+@pytest.mark.parametrize("task", list(TAPE_TASKS))
 def test_lmdb_and_json_read_alike_and_as_tape_reads_them(tmp_path, task):
     spec = task_spec(task)
     lmdb_dir, json_dir = (
@@ -301,8 +301,8 @@ def test_each_task_fine_tunes_and_scores_the_best_validation_step(tmp_path, dist
     config = parse(FinetuneConfig, finetune_args(data, task, run_dir, "--weight_decay", "0.05"))
     results = run_finetune(config, torch.device("cpu"))
 
-    metric = TASKS[task].metric
-    assert set(results["splits"]) == {"valid", *TASKS[task].test_splits}
+    metric = TAPE_TASKS[task].metric
+    assert set(results["splits"]) == {"valid", *TAPE_TASKS[task].test_splits}
     assert all(math.isfinite(m[metric]) for m in results["splits"].values())
     assert results["splits"]["valid"]["count"] > 0
     assert json.loads((run_dir / "results.json").read_text()) == results

@@ -15,7 +15,7 @@ from advpt.data.clusters import ClusterSource
 from advpt.data.collate import MaskingCollator
 from advpt.data.dataset import CroppedView
 from advpt.data.keyed import Permutation, hash_strings
-from advpt.data.sampling import sample, split
+from advpt.data.sampling import sample_subset, split
 from advpt.data.stream import ValidationBatches
 from advpt.errors import DataError
 from advpt.tokenizer import TAPE
@@ -119,7 +119,7 @@ def test_the_validation_sample_spans_the_length_range_and_never_changes(tmp_path
     )
     _, held = split(len(dataset), None, 0.2, seed=0)
     held_lengths = dataset.token_lengths(held.records(np.arange(len(held)), 0))
-    chosen = sample(held, 64, seed=0)
+    chosen = sample_subset(held, 64, seed=0)
     chosen_lengths = dataset.token_lengths(chosen.records(np.arange(64), 0))
     low, high = np.percentile(held_lengths, [10, 90])
     assert chosen_lengths.min() < low and chosen_lengths.max() > high  # not just the shortest
@@ -135,7 +135,7 @@ def test_the_validation_sample_spans_the_length_range_and_never_changes(tmp_path
     assert len(one) == 8
     for again in (passes(1), passes(2)):  # every pass, and with more ranks, the same tokens
         assert all(torch.equal(a, b) for a, b in zip(one, again, strict=True))
-    same_seed = sample(split(len(dataset), None, 0.2, seed=0)[1], 64, seed=0)
+    same_seed = sample_subset(split(len(dataset), None, 0.2, seed=0)[1], 64, seed=0)
     np.testing.assert_array_equal(
         same_seed.records(np.arange(64), 0), chosen.records(np.arange(64), 0)
     )

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from advpt.config.section import Section
 
-TASKS = ("secondary_structure", "zero_shot", "supervised", "stability", "localisation")
+SUITE_TASKS = ("secondary_structure", "zero_shot", "supervised", "stability", "localisation")
 """The suite's tasks, in the order they run and are reported (docs/evaluate.md)."""
 
 Size = Literal["cpu", "full"]
@@ -28,7 +28,7 @@ class EvaluateConfig(Section):
     """Folder for results.json, results.md and results.png."""
     overwrite: bool = False
     """Replace the results in --out (otherwise existing results are an error)."""
-    tasks: str = ",".join(TASKS)
+    tasks: str = ",".join(SUITE_TASKS)
     """Comma-separated tasks to run: secondary_structure, zero_shot, supervised, stability,
     localisation."""
     proteingym: str = ""
@@ -111,15 +111,18 @@ class EvaluateConfig(Section):
     def task_list(self) -> list[str]:
         """The tasks of ``--tasks``, in the suite's order."""
         named = {task.strip() for task in self.tasks.split(",") if task.strip()}
-        return [task for task in TASKS if task in named]
+        return [task for task in SUITE_TASKS if task in named]
 
     def rules(self) -> list[tuple[bool, str]]:
         named = {task.strip() for task in self.tasks.split(",") if task.strip()}
-        unknown = sorted(named - set(TASKS))
+        unknown = sorted(named - set(SUITE_TASKS))
         counts = [name for name in self.CPU_SIZES if (getattr(self, name) or 0) < 0]
         return [
             (bool(self.model), "name at least one model to evaluate"),
-            (not unknown, f"--tasks: unknown {', '.join(unknown)} (known: {', '.join(TASKS)})"),
+            (
+                not unknown,
+                f"--tasks: unknown {', '.join(unknown)} (known: {', '.join(SUITE_TASKS)})",
+            ),
             (bool(named), "--tasks names no task"),
             (not counts, f"--{counts[0] if counts else ''} must be >= 0 (0 = all)"),
             (self.fitness_train >= 2, "--fitness_train must be at least 2 variants"),

@@ -174,7 +174,7 @@ def split(
     return train, Members(clusters, first, held_members)
 
 
-def sample(selection: Selection, count: int, seed: int) -> Subset:
+def sample_subset(selection: Selection, count: int, seed: int) -> Subset:
     """A fixed, seeded random sample of ``count`` items of ``selection`` (all for 0 or more)."""
     n = len(selection)
     size = n if count <= 0 else min(count, n)

@@ -214,7 +214,7 @@ def write_clusters(path: Path, proteins: list[Protein], clusters: np.ndarray) ->
     return len(names)
 
 
-def check_out(out: Path, overwrite: bool) -> None:
+def check_corpus_out(out: Path, overwrite: bool) -> None:
     """Refuse, before any work, an existing ``out`` (unless ``overwrite`` and it is a prepared
     dataset) and one this process cannot write: it is made beside itself, in the nearest folder
     above it that exists."""
@@ -242,7 +242,7 @@ def build_corpus(
     proteins whose sequence is in ``exclude`` (exact, upper-case one-letter sequences, as
     :func:`read_proteins` gives them), into ``out`` with its ``clusters.tsv``."""
     out = Path(out)
-    check_out(out, overwrite)
+    check_corpus_out(out, overwrite)
     corpus = Corpus()
     with building(out) as tmp, tempfile.TemporaryDirectory(prefix="advpt-swissprot-") as work:
         proteins = list(distinct_proteins(Path(folder), limit, exclude, corpus))

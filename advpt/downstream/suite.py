@@ -98,7 +98,7 @@ class Inputs:
 # ----------------------------------------------------------------------------- samples
 
 
-def sample(where: np.ndarray, count: int, seed: int) -> np.ndarray:
+def sample_indices(where: np.ndarray, count: int, seed: int) -> np.ndarray:
     """Sorted indices ``[k]``: ``count`` of the true entries of ``where`` ``[N]`` drawn by
     ``seed`` (all of them for 0 or more than there are)."""
     found = np.flatnonzero(where)
@@ -112,7 +112,7 @@ def sides(proteins: Proteins, train: int, test: int, seed: int) -> tuple[np.ndar
     as many validation records as training ones (all of that side for 0)."""
     valid = (train + 4) // 5
     return tuple(
-        sample(proteins.side == side, count, seed + side)
+        sample_indices(proteins.side == side, count, seed + side)
         for side, count in ((0, train), (1, valid), (2, test))
     )
 
@@ -151,7 +151,7 @@ def secondary_structure(subject: Subject, inputs: Inputs) -> dict[str, float]:
     }
 
 
-def unigram_log_probs(inputs: Inputs) -> np.ndarray:
+def context_free_log_probs(inputs: Inputs) -> np.ndarray:
     """log frequency ``[256]`` of each residue letter's byte in the prepared Swiss-Prot proteins
     (-inf for bytes that are no standard residue)."""
     residues = inputs.data.localisation().residues
@@ -180,7 +180,7 @@ def zero_shot_scores(subject: Subject, inputs: Inputs, scan: Scan) -> np.ndarray
     context-free subject), or None for an encoder without an MLM head."""
     rows, positions, wild, mutant = inputs.once(f"sites/{scan.name}", lambda: site_arrays(scan))
     if subject.kind == CONTEXT_FREE:
-        log_p = inputs.once("unigram", lambda: unigram_log_probs(inputs))
+        log_p = inputs.once("unigram", lambda: context_free_log_probs(inputs))
         gains = log_p[mutant] - log_p[wild]
     elif subject.mlm is None:
         return None
@@ -223,7 +223,7 @@ def ridge_on_scan(subject: Subject, scan: Scan, train: int, test: int, seed: int
     """Test Spearman's rho of the ridge probe fit on ``train`` variants of the scan's training
     split (a fifth as many from its validation split pick the penalty)."""
     parts = [
-        sample(scan.split == side, count, seed + side)
+        sample_indices(scan.split == side, count, seed + side)
         for side, count in ((0, train), (1, (train + 4) // 5), (2, test))
     ]
     desc = f"{subject.name}: {scan.name}"
@@ -268,7 +268,7 @@ def localisation(subject: Subject, inputs: Inputs) -> dict[str, float]:
     return {"accuracy": float((fit.predictions == y[2]).mean()), "test_proteins": len(y[2])}
 
 
-TASKS: dict[str, Callable[[Subject, Inputs], dict[str, float]]] = {
+TASK_SCORERS: dict[str, Callable[[Subject, Inputs], dict[str, float]]] = {
     "secondary_structure": secondary_structure,
     "zero_shot": zero_shot,
     "supervised": supervised,
@@ -284,7 +284,7 @@ def run_suite(subjects: list[Subject], inputs: Inputs, log: Callable[[str], None
             if subject.tasks is not None and task not in subject.tasks:
                 continue
             start = time.perf_counter()
-            subject.scores[task] = TASKS[task](subject, inputs)
+            subject.scores[task] = TASK_SCORERS[task](subject, inputs)
             subject.seconds[task] = round(time.perf_counter() - start, 1)
             shown = ", ".join(
                 f"{k} {v:.3f}" for k, v in subject.scores[task].items() if isinstance(v, float)

@@ -20,7 +20,7 @@ from advpt.data.clusters import ClusterIndex, ClusterSource
 from advpt.data.collate import MaskingCollator
 from advpt.data.dataset import CroppedView
 from advpt.data.prepared import ProteinDataset
-from advpt.data.sampling import sample, split
+from advpt.data.sampling import sample_subset, split
 from advpt.data.stream import MicroBatches, ValidationBatches
 from advpt.errors import CheckpointError
 from advpt.models import MaskedLanguageModel, build_noiser
@@ -96,7 +96,7 @@ def build_data(
     spans = m.mean_span if m.random_masking == "span" else None
     collate = MaskingCollator(random_rate, adversarial_rate, seed, vocab, spans)
     stream = MicroBatches(view, batches, collate, rank, world)
-    chosen = sample(held_out, d.val_max_batches * micro_batch, seed)
+    chosen = sample_subset(held_out, d.val_max_batches * micro_batch, seed)
     held_out_view = CroppedView(dataset, chosen, d.max_length, seed, vocab)
     val_rate = m.val_masking_rate or random_rate + adversarial_rate
     val_collate = MaskingCollator(val_rate, 0.0, seed + 1, vocab)
