@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 # The 25 IUPAC letters both vocabularies tokenize (A..Z without J), in TAPE's order.
 IUPAC_LETTERS = "ABCDEFGHIKLMNOPQRSTUVWXYZ"
+STANDARD_RESIDUES = "ACDEFGHIKLMNPQRSTVWY"  # the 20 standard amino acids, alphabetically
 INVALID_ID = 255  # byte_to_id's entry for a byte outside the alphabet
 UNKNOWN_CODE = ord("?")  # the storage code of a character stored as <unk>
 

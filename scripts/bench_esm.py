@@ -44,7 +44,7 @@ import torch.nn as nn
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.hf_esm import hf_config, hf_state
 from advpt.models.tape import save_tape
-from advpt.tokenizer import Vocabulary
+from advpt.tokenizer import STANDARD_RESIDUES, Vocabulary
 from advpt.training.engines.compilation import compile_forward, compile_seconds
 from advpt.utilization import (
     FLOPS_FORMULA,
@@ -53,16 +53,14 @@ from advpt.utilization import (
     synchronize,
 )
 
-STANDARD = "ACDEFGHIKLMNPQRSTVWY"  # residues of the random sequences
-
 
 def make_batch(
     vocab: Vocabulary, batch: int, length: int, rate: float, device: torch.device, seed: int = 0
 ):
     """Ids ``[B, L]`` (unpadded), their corrupted copy, and the masked positions."""
     g = torch.Generator().manual_seed(seed)
-    letters = torch.tensor([int(vocab.byte_to_id[ord(c)]) for c in STANDARD])
-    ids = letters[torch.randint(len(STANDARD), (batch, length), generator=g)]
+    letters = torch.tensor([int(vocab.byte_to_id[ord(c)]) for c in STANDARD_RESIDUES])
+    ids = letters[torch.randint(len(STANDARD_RESIDUES), (batch, length), generator=g)]
     ids[:, 0], ids[:, -1] = vocab.cls_id, vocab.eos_id
     masked = vocab.is_residue(ids) & (torch.rand(ids.shape, generator=g) < rate)
     inputs = torch.where(masked, torch.full_like(ids, vocab.mask_id), ids)

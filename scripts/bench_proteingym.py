@@ -24,19 +24,19 @@ import numpy as np
 import torch
 
 from advpt.command import DEBUG_HELP, command, positive
-from advpt.downstream.dms import AMINO_ACIDS
 from advpt.evaluate import main as evaluate
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.exports import save_export
 from advpt.score import main as score
+from advpt.tokenizer import STANDARD_RESIDUES
 
 
 def saturation_scan(folder: Path, length: int) -> tuple[str, int]:
     """A ProteinGym folder of one assay, ``SCAN``, every single substitution of a random
     protein; its wild type and number of variants."""
     rng = np.random.default_rng(0)
-    wild = "".join(rng.choice(list(AMINO_ACIDS), length))
-    mutants = [f"{w}{i + 1}{m}" for i, w in enumerate(wild) for m in AMINO_ACIDS if m != w]
+    wild = "".join(rng.choice(list(STANDARD_RESIDUES), length))
+    mutants = [f"{w}{i + 1}{m}" for i, w in enumerate(wild) for m in STANDARD_RESIDUES if m != w]
     measured = rng.normal(size=len(mutants))
     folder.mkdir()
     with open(folder / "SCAN.csv", "w", newline="") as handle:

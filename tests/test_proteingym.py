@@ -21,7 +21,6 @@ from scipy.stats import spearmanr
 from sklearn.metrics import matthews_corrcoef, ndcg_score, roc_auc_score
 
 from advpt.downstream import results as suite_results
-from advpt.downstream.dms import AMINO_ACIDS
 from advpt.downstream.features import OneHotFeatures
 from advpt.downstream.proteingym_metrics import (
     METRICS,
@@ -39,6 +38,7 @@ from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.exports import save_export
 from advpt.score import main as score_main
 from advpt.scoring import window_start
+from advpt.tokenizer import STANDARD_RESIDUES
 from tests.helpers import load_script, start_module, wait_until
 
 LIMIT = 400  # variants per scan in the test folder
@@ -158,11 +158,11 @@ def long_assay(folder) -> str:
     positions): singles at either end and around the window's turns, and doubles whose sites
     are far apart; DMS_score_bin cut at the median. Returns its wild type."""
     rng = np.random.default_rng(7)
-    letters = np.array(list(AMINO_ACIDS))
+    letters = np.array(list(STANDARD_RESIDUES))
     wild = "".join(rng.choice(letters, 1100))
     mutants = []
     for site in LONG_SITES:
-        for letter in rng.choice([c for c in AMINO_ACIDS if c != wild[site - 1]], 2, False):
+        for letter in rng.choice([c for c in STANDARD_RESIDUES if c != wild[site - 1]], 2, False):
             mutants.append(f"{wild[site - 1]}{site}{letter}")
     mutants += [f"{mutants[0]}:{mutants[-1]}", f"{mutants[4]}:{mutants[14]}"]
     scores = rng.normal(size=len(mutants))

@@ -68,11 +68,11 @@ import numpy as np
 from advpt.data.keyed import hash_ints, hash_strings
 from advpt.errors import DataError, first_line, shorten
 from advpt.scoring import Mutation
+from advpt.tokenizer import STANDARD_RESIDUES
 
 SCANS = ("gb1_binding", "gb1_stability", "abeta42_nucleation", "tdp43_toxicity")
 MAVENN_MISSING = "mavenn is not installed: pip install --no-deps mavenn==1.1.4"
 
-AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
 DROPPED_LETTERS = "*-"  # a premature stop, a gap: rows with them are left out
 SETS = {"training": 0, "validation": 1, "test": 2}
 HASH_FRACTIONS = (0.1, 0.1)  # validation, test of a scan without its own split
@@ -268,11 +268,11 @@ def letter_codes(table: Table, wild_type: str) -> np.ndarray:
     joined = "".join(texts).encode("latin-1", errors="replace")  # one byte per letter
     codes = np.frombuffer(joined, np.uint8).reshape(len(texts), len(wild_type))
     allowed = np.zeros(256, dtype=bool)
-    allowed[np.frombuffer((AMINO_ACIDS + DROPPED_LETTERS).encode(), np.uint8)] = True
+    allowed[np.frombuffer((STANDARD_RESIDUES + DROPPED_LETTERS).encode(), np.uint8)] = True
     bad = np.flatnonzero(~allowed[codes].all(axis=1))
     if bad.size:
         row = int(bad[0])
-        letter = next(c for c in texts[row] if c not in AMINO_ACIDS + DROPPED_LETTERS)
+        letter = next(c for c in texts[row] if c not in STANDARD_RESIDUES + DROPPED_LETTERS)
         raise DataError(f"{table.at(row)}: {letter!r} is no amino-acid letter, stop '*' or gap '-'")
     return codes
 

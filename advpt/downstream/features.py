@@ -21,8 +21,7 @@ from tqdm import tqdm
 
 from advpt.inference import SPECIAL_TOKENS, layer_states, length_batches, pad
 from advpt.models.encoder import Encoder
-
-STANDARD_RESIDUES = "ACDEFGHIKLMNPQRSTVWY"
+from advpt.tokenizer import STANDARD_RESIDUES
 
 
 class EncoderFeatures:

@@ -28,10 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from advpt.downstream.dms import AMINO_ACIDS
 from advpt.errors import ConfigError, DataError, first_line, shorten
 from advpt.scoring import parse_variant
-from advpt.tokenizer import IUPAC_LETTERS
+from advpt.tokenizer import IUPAC_LETTERS, STANDARD_RESIDUES
 
 REFERENCE_FILE = "DMS_substitutions.csv"
 REFERENCE_COLUMNS = ("DMS_id", "DMS_filename", "target_seq", "UniProt_ID", "coarse_selection_type")
@@ -180,7 +179,7 @@ def read_assay(folder: Path, assay: Assay, reference: Path) -> AssayData:
         except ValueError as err:
             raise DataError(f"{where}, column 'mutant': {err}") from None
         for site in sites:
-            if site.mutant not in AMINO_ACIDS:
+            if site.mutant not in STANDARD_RESIDUES:
                 raise DataError(
                     f"{where}, column 'mutant': {text} has {site.mutant!r}, which is none of the "
                     "20 amino acids"

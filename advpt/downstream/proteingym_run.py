@@ -33,7 +33,6 @@ import numpy as np
 from tqdm import tqdm
 
 from advpt.command import Stopped
-from advpt.downstream.dms import AMINO_ACIDS
 from advpt.downstream.proteingym import (
     ASSAY_COLUMNS,
     Assay,
@@ -50,6 +49,7 @@ from advpt.errors import WRITE_ERRORS, ConfigError, OutputError, cannot_write
 from advpt.inference import atomic_output
 from advpt.models.encoder import MaskedLanguageModel
 from advpt.scoring import site_log_odds
+from advpt.tokenizer import STANDARD_RESIDUES
 
 MODEL_WINDOW = 1024
 """ProteinGym's ``model_window`` for ESM models, in tokens: the most a wild type is scored in."""
@@ -87,7 +87,7 @@ def open_benchmark(folder: str, reference: str, patterns: str) -> Benchmark:
 def unigram_of(assays: list[Assay]) -> np.ndarray:
     """log frequency ``[256]`` of each letter byte in the assays' target sequences, each of the
     20 amino acids counted once more (-inf for bytes never counted)."""
-    text = "".join(assay.target_seq for assay in assays) + AMINO_ACIDS
+    text = "".join(assay.target_seq for assay in assays) + STANDARD_RESIDUES
     counts = np.bincount(np.frombuffer(text.encode(), np.uint8), minlength=256).astype(float)
     with np.errstate(divide="ignore"):
         return np.log(counts / counts.sum())

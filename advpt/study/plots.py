@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from advpt.downstream.features import STANDARD_RESIDUES
 from advpt.study.arms import ARMS
 from advpt.study.results import Results
 from advpt.study.summary import Downstream, Summary, column_value
+from advpt.tokenizer import STANDARD_RESIDUES
 
 
 def color(arm: str) -> str:
