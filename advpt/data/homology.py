@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from advpt.data.keyed import hash_ints
+from advpt.data.keyed import hash_ints, hashed_sides
 from advpt.errors import DataError
 
 MMSEQS_MISSING = "mmseqs is not installed: apt-get install mmseqs2"
@@ -64,7 +64,6 @@ def cluster_ids(
     return order[inverse]
 
 
-SPLITS = ("train", "valid", "test")
 SPLIT_KEY = 0x5B1D  # keys the split's hash apart from other uses of the same seed
 
 
@@ -73,8 +72,4 @@ def split_clusters(clusters: np.ndarray, fractions: tuple[float, float], seed: i
     ``clusters`` ``[N]``: each cluster goes whole to one side by a hash of ``(seed, cluster)``,
     about ``fractions`` = (valid, test) of the clusters to each held-out side."""
     draw = hash_ints(np.arange(int(clusters.max()) + 1), seed, SPLIT_KEY)  # [clusters] uint64
-    unit = (draw >> np.uint64(11)).astype(np.float64) / float(1 << 53)  # [clusters] in [0, 1)
-    side = np.zeros(len(unit), dtype=np.int8)
-    side[unit < fractions[0] + fractions[1]] = 2
-    side[unit < fractions[0]] = 1
-    return side[clusters]
+    return hashed_sides(draw, fractions)[clusters]

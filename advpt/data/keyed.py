@@ -100,3 +100,14 @@ def hash_strings(data: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         sums[filled] = np.add.reduceat(terms, starts[filled])
     with np.errstate(over="ignore"):
         return _mix(sums + (lengths.astype(np.uint64) + np.uint64(1)) * _GOLDEN)
+
+
+def hashed_sides(draw: np.ndarray, fractions: tuple[float, float]) -> np.ndarray:
+    """Sides ``[n]`` int8 (0 train, 1 validation, 2 test) of the items whose keyed hashes are
+    ``draw`` ``[n]`` uint64: about ``fractions`` = (validation, test) of them to each held-out
+    side, the rest to train. The top 53 bits of a hash, as a float in [0, 1), pick the side."""
+    unit = (draw >> np.uint64(11)).astype(np.float64) / float(1 << 53)  # [n] in [0, 1)
+    side = np.zeros(len(unit), dtype=np.int8)
+    side[unit < fractions[0] + fractions[1]] = 2
+    side[unit < fractions[0]] = 1
+    return side

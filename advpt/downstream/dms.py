@@ -65,7 +65,7 @@ from pathlib import Path
 
 import numpy as np
 
-from advpt.data.keyed import hash_ints, hash_strings
+from advpt.data.keyed import hash_ints, hash_strings, hashed_sides
 from advpt.errors import DataError, first_line, shorten
 from advpt.scoring import Mutation
 from advpt.tokenizer import STANDARD_RESIDUES
@@ -343,11 +343,7 @@ def hash_split(letters: np.ndarray) -> np.ndarray:
     sequence: :data:`HASH_FRACTIONS` of them to validation and to test, the rest to train."""
     n, length = letters.shape
     draw = hash_ints(hash_strings(letters.ravel(), np.full(n, length)), HASH_KEY)  # [n]
-    unit = (draw >> np.uint64(11)).astype(np.float64) / float(1 << 53)  # [n] in [0, 1)
-    split = np.zeros(n, dtype=np.int8)
-    split[unit < sum(HASH_FRACTIONS)] = 2
-    split[unit < HASH_FRACTIONS[0]] = 1
-    return split
+    return hashed_sides(draw, HASH_FRACTIONS)
 
 
 def variant_sites(wild_type: str, letters: np.ndarray, changed: np.ndarray) -> list[list[Mutation]]:
