@@ -21,7 +21,13 @@ from advpt.downstream import eval_data
 from advpt.downstream.suite import Inputs, context_free, encoder_subject, run_suite
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.study.results import EQUAL_COMPUTE_WEIGHTS, Run, Score, Training, Unigram, read_kept
-from advpt.study.runs import check_kept_runs, equal_compute_step, train, train_judge
+from advpt.study.runs import (
+    check_kept_runs,
+    equal_compute_step,
+    train,
+    train_judge,
+    write_deepspeed_jsons,
+)
 from advpt.study.scoring import score, score_unigram, seed_tasks
 from advpt.study.sizes import Size
 from advpt.training.build import build_data, open_data
@@ -174,6 +180,7 @@ def run_study(
     cost = (costs or {}).get
     if reuse:
         check_kept_runs(arms, size, runs, data, cost)
+    write_deepspeed_jsons(runs, size)
     evaluation = downstream_config(size, runs)
     eval_data.ensure(evaluation.cache, evaluation.data_limit)  # likewise
     device = join_group_of_one()  # each worker joins a group of its own, on the same device

@@ -18,6 +18,7 @@ from advpt.study.results import EQUAL_COMPUTE_WEIGHTS, read_kept
 from advpt.study.sizes import Size
 from advpt.training.build import build_trainer, open_data
 from advpt.training.engines.engine import simple_ds_config
+from advpt.training.run_dir import write_atomically
 from advpt.training.schedule import random_only_steps
 from advpt.training.trainer import Trainer
 from advpt.variants import VARIANTS
@@ -29,18 +30,28 @@ NOT_SETTINGS = ("run_dir", "resume", "stop_after_steps", "deepspeed_config",
 HELD_OUT_RECORDS = 2000  # about this many records held out of a large corpus (else 5%)
 
 
+def deepspeed_jsons(runs: Path) -> tuple[Path, Path]:
+    """The encoder's and the noiser's DeepSpeed JSON of every run in ``runs``."""
+    return runs / "encoder.json", runs / "noiser.json"
+
+
+def write_deepspeed_jsons(runs: Path, size: Size) -> None:
+    """Write :func:`deepspeed_jsons` for ``size``, once, before any run trains (after
+    ``--reuse``'s check, which reads nothing from them), each whole or not at all: fp32 on one
+    rank, torch's AdamW, so no DeepSpeed op is compiled on any machine."""
+    runs.mkdir(parents=True, exist_ok=True)
+    lrs = (size.encoder_lr, size.noiser_lr)
+    for path, lr in zip(deepspeed_jsons(runs), lrs, strict=True):
+        write_atomically(path, json.dumps(simple_ds_config(size.micro_batch, lr=lr)))
+
+
 def run_config(
     variant: str, size: Size, run_dir: Path, seed: int, data: str, extra: tuple[str, ...] = ()
 ) -> TrainConfig:
     """The run of ``variant`` with ``seed``; a prepared corpus with a ``clusters.tsv`` (the
     Swiss-Prot corpus, ``python -m advpt.data.swissprot``) is split by its clusters."""
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
     clusters = Path(data) / "clusters.tsv"
-    encoder_json = run_dir.parent / "encoder.json"
-    noiser_json = run_dir.parent / "noiser.json"
-    # fp32 on one rank, torch's AdamW: no DeepSpeed op is compiled on any machine
-    encoder_json.write_text(json.dumps(simple_ds_config(size.micro_batch, lr=size.encoder_lr)))
-    noiser_json.write_text(json.dumps(simple_ds_config(size.micro_batch, lr=size.noiser_lr)))
+    encoder_json, noiser_json = deepspeed_jsons(run_dir.parent)
     n = size.encoder_updates
     return parse(TrainConfig, [
         "--noiser_steps", str(size.cycle), "--encoder_steps", str(size.cycle),
