@@ -98,8 +98,9 @@ def adversarial_corrupt(
 
     size, first = vocab.size, vocab.first_residue_id
     x = F.one_hot(inputs, size).float()  # [B, L, V]
-    mask_token = torch.zeros(size, device=inputs.device)  # built on the device: no copy
-    mask_token[vocab.mask_id] = 1.0
+    # One-hot of [MASK] built on the device by a comparison: an indexed store of a Python
+    # number synchronised with the host (seen on an H200 under the sync debug mode).
+    mask_token = (torch.arange(size, device=inputs.device) == vocab.mask_id).float()  # [V]
     # The residue options laid onto their ids (contiguous in every Vocabulary).
     replace = F.pad(m[..., 2:], (first, size - first - vocab.num_residues))
     x_masked = m[..., OPTION_MASK, None] * mask_token + m[..., OPTION_KEEP, None] * x + replace
