@@ -37,8 +37,9 @@ from advpt.downstream.suite import (
     run_suite,
 )
 from advpt.embed import resolve_layers
+from advpt.environment import pick_device
 from advpt.errors import ConfigError, OutputError
-from advpt.inference import load_for_inference, pick_device
+from advpt.inference import load_for_inference
 from advpt.models.encoder import MaskedLanguageModel
 from advpt.models.weights import encoder_of
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from advpt.command import DEBUG_HELP
+from advpt.environment import pick_device
 from advpt.errors import CheckpointError, ConfigError, OutputError
 from advpt.models.encoder import Encoder, MaskedLanguageModel
 from advpt.models.weights import encoder_of
@@ -54,21 +55,6 @@ def start_run(args: argparse.Namespace) -> torch.device:
     if args.tokens_per_batch < 1:
         raise ConfigError("--tokens_per_batch must be positive")
     return pick_device(args.device)
-
-
-def pick_device(name: str) -> torch.device:
-    """``auto`` (a GPU if present, else the CPU) or a torch device name, checked."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(
-            f"--device {name!r} is not a device (auto, cpu, cuda, cuda:1, ...)"
-        ) from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {name} asks for a GPU, but PyTorch sees none")
-    return device
 
 
 def load_for_inference(

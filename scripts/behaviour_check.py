@@ -21,7 +21,7 @@ from pathlib import Path
 
 from advpt.training.engines.engine import simple_ds_config
 from advpt.training.reporting.monitor import WALL_CLOCK_KEYS
-from advpt.training.run_dir import RunDir
+from advpt.training.reporting.run_metrics import read_rows
 from advpt.variants import VARIANTS
 
 SCHEDULES = ["random", "alternating", "context-warmup", "simultaneous", "importance"]
@@ -50,7 +50,7 @@ def fingerprint(variant: str, work: Path) -> list[dict]:
     )
     if done.returncode != 0:
         raise SystemExit(f"{variant}: training failed:\n{done.stderr[-3000:]}")
-    rows = [json.loads(line) for line in RunDir(run_dir).metrics.read_text().splitlines()]
+    rows = read_rows(run_dir)
     return [{k: v for k, v in r.items() if k not in WALL_CLOCK_KEYS} for r in rows]
 
 

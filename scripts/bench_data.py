@@ -45,7 +45,7 @@ from advpt.data.cache import locate
 from advpt.data.preparation import prepare
 from advpt.data.prepared import ProteinDataset
 from advpt.training.engines.engine import simple_ds_config
-from advpt.training.run_dir import RunDir
+from advpt.training.reporting.run_metrics import read_rows
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -141,12 +141,10 @@ def run_until_step(command: list[str], run_dir: Path, step: int, timeout: float 
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     first = None
-    metrics = RunDir(run_dir).metrics
     while time.perf_counter() - start < timeout:
         if process.poll() is not None:
             raise RuntimeError(f"{command[:3]} exited: {process.stderr.read()[-3000:]}")
-        lines = metrics.read_text().splitlines() if metrics.exists() else []
-        steps = [json.loads(line)["step"] for line in lines if line.endswith("}")]
+        steps = [row["step"] for row in read_rows(run_dir, missing_ok=True)]
         if steps and first is None:
             first = time.perf_counter() - start
         if steps and steps[-1] >= step:

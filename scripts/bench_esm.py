@@ -41,6 +41,7 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
+from advpt.environment import environment
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.hf_esm import hf_config, hf_state
 from advpt.models.tape import save_tape
@@ -259,8 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "preset": args.preset, "batch": args.batch, "length": args.length,
         "masking_rate": args.masking_rate, "dtype": args.dtype, "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "threads": torch.get_num_threads(), "torch": torch.__version__, "clock": args.clock,
+        "environment": environment(device), "clock": args.clock,
         "reference": reference, "matmul_peak_tflops": peak_tflops, "flops_per_step": flops,
         "flops_formula": FLOPS_FORMULA, "compile_backend": args.compile_backend,
         "ms_per_step": {}, "all_ms_per_step": {},

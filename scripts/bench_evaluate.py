@@ -23,8 +23,8 @@ import torch
 from advpt.command import DEBUG_HELP, command
 from advpt.config.evaluate import SUITE_TASKS
 from advpt.downstream import eval_data
+from advpt.environment import describe, environment, pick_device
 from advpt.evaluate import main as evaluate
-from advpt.inference import pick_device
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.exports import save_export
 
@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
             return code
         results = json.loads((Path(tmp) / "out" / "results.json").read_text())
     seconds = results["subjects"][0]["seconds"]
-    print(f"\nthe suite for a random {args.preset} encoder, --size {args.size}, "
-          f"{torch.get_num_threads()} torch thread(s), {results['device']}:")  # fmt: skip
+    print(f"\nthe suite for a random {args.preset} encoder, --size {args.size}, on "
+          f"{describe(environment(results['device']))}:")  # fmt: skip
     for task in SUITE_TASKS:
         print(f"  {task:<20} {seconds[task]:>7.1f} s")
     print(f"  {'all (the command)':<20} {results['seconds']:>7.1f} s")

@@ -24,7 +24,9 @@ import numpy as np
 import torch
 
 from advpt.command import DEBUG_HELP, command, positive
+from advpt.environment import describe, environment
 from advpt.evaluate import main as evaluate
+from advpt.markdown import table
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.exports import save_export
 from advpt.score import main as score
@@ -91,14 +93,16 @@ def main(argv: list[str] | None = None) -> int:
             best = fastest(runs, root / f"out-{preset}", args.repeats)
             scored, benchmarked = best["score"], best["gym"]
             rows.append((preset, scored, benchmarked))
-    print(f"\n{variants:,} single substitutions of a {args.length}-residue protein, "
-          f"{torch.get_num_threads()} torch thread(s), {args.device}; the fastest of "
-          f"{args.repeats} runs of each command, whole:")  # fmt: skip
-    print("| preset | advpt.score | variants/s | advpt.evaluate --proteingym | variants/s |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for preset, scored, benchmarked in rows:
-        print(f"| {preset} | {scored:.2f} s | {variants / scored:,.0f} | {benchmarked:.2f} s | "
-              f"{variants / benchmarked:,.0f} |")  # fmt: skip
+    print(f"\n{variants:,} single substitutions of a {args.length}-residue protein on "
+          f"{describe(environment(args.device))}; the fastest of {args.repeats} runs of each "
+          "command, whole:")  # fmt: skip
+    header = ["preset", "advpt.score", "variants/s", "advpt.evaluate --proteingym", "variants/s"]
+    cells = [
+        [preset, f"{scored:.2f} s", f"{variants / scored:,.0f}", f"{benchmarked:.2f} s",
+         f"{variants / benchmarked:,.0f}"]
+        for preset, scored, benchmarked in rows
+    ]  # fmt: skip
+    print(table(header, cells, numbers_from=1))
     return 0
 
 

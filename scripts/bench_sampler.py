@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from advpt.environment import describe, environment
 from advpt.kernels import fused_sampler_unavailable
 from advpt.masking import gumbel_like, relaxed_subset_sample, subset_sizes
 
@@ -121,8 +122,8 @@ def main() -> None:
     torch.manual_seed(0)
 
     bandwidth = copy_bandwidth(device)
-    name = torch.cuda.get_device_name(device) if on_gpu else "cpu"
-    print(f"device: {name}; copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + write)")
+    machine = environment(device)
+    print(f"{describe(machine)}; copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + write)")
     print(f"{'backend':>8} {'batch':>6} {'length':>7} {'max_k':>6} {'ms_fwd_bwd':>11} "
           f"{'speedup':>8} {'floor_ms':>9}")  # fmt: skip
     rows = []
@@ -134,7 +135,7 @@ def main() -> None:
                 row = dict(
                     backend=backend, batch=batch, length=length, max_k=int(k.max()),
                     ms_fwd_bwd=backend_ms, speedup=ms["torch"] / backend_ms, floor_ms=floor_ms,
-                    device=name, copy_gb_per_s=bandwidth / 1e9,
+                    device=machine["device"], copy_gb_per_s=bandwidth / 1e9,
                 )  # fmt: skip
                 rows.append(row)
                 print(f"{backend:>8} {batch:>6} {length:>7} {row['max_k']:>6} {backend_ms:>11.3f} "

@@ -82,6 +82,7 @@ from advpt.command import (  # noqa: E402
 from advpt.config.cli import parse  # noqa: E402
 from advpt.config.pretrain import TrainConfig  # noqa: E402
 from advpt.data.stream import stream_loader  # noqa: E402
+from advpt.environment import describe, environment  # noqa: E402
 from advpt.errors import ConfigError, cannot_write  # noqa: E402
 from advpt.models import ENCODER_PRESETS, NOISER_PRESETS  # noqa: E402
 from advpt.models.encoder import check_max_length  # noqa: E402
@@ -494,10 +495,10 @@ def main(argv: list[str] | None = None) -> int:
 
     device = init_distributed()
     peak = matmul_peak_tflops(device)
-    name = torch.cuda.get_device_name(device) if cuda else "CPU"
-    print(f"device: {name}; measured matmul peak: {peak:.3f} TFLOP/s")
+    machine = environment(device)
+    print(f"{describe(machine)}; measured matmul peak: {peak:.3f} TFLOP/s")
     header = {
-        "device": name, "torch": torch.__version__, "matmul_peak_tflops": peak,
+        "environment": machine, "matmul_peak_tflops": peak,
         "flops_formula": FLOPS_FORMULA, "preset": args.preset, "noiser": args.noiser,
         "max_length": args.max_length, "command": " ".join(sys.argv),
         "date": time.strftime("%Y-%m-%d"),

@@ -98,6 +98,7 @@ for name in $ONLY; do
 done
 [ "$COMMAND" = report ] && [ -n "$ONLY$PREVIOUS" ] && die "report takes --out only"
 PYTHON="${PYTHON:-python3}"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" # advpt, from this checkout
 if [ "$COMMAND" = report ]; then
     exec "$PYTHON" scripts/gpu_report.py render "$OUT"
 fi
@@ -166,7 +167,6 @@ exec > >(tee -a "$LOG") 2> >(tee -a "$LOG" >&2)
 DEADLINE=$((SECONDS + DEADLINE_SECONDS))
 STRETCH=$((DEADLINE_SECONDS > DEFAULT_SECONDS ? DEADLINE_SECONDS : DEFAULT_SECONDS))
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export GPU_CHECK_CPU="$CPU" RAW
 if [ "$CPU" = 1 ]; then # CPU ops build where every other CPU run finds them
     export DS_ACCELERATOR=cpu OMP_NUM_THREADS=1
@@ -215,29 +215,10 @@ environment() {
     if [ "$CPU" = 0 ]; then
         nvidia-smi
     fi
-    "$PYTHON" - <<'EOF'
-import json, os, subprocess, time
-import torch
-info = {
-    "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-    "torch": torch.__version__, "cuda": torch.version.cuda,
-    "device": "CPU" if os.environ["GPU_CHECK_CPU"] == "1" else torch.cuda.get_device_name(),
-}
-try:  # a copy of the checkout may come without its .git, or the machine without git
-    info["commit"] = os.environ.get("GPU_CHECK_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-except OSError:
-    pass
-info["commit"] = info.get("commit") or "unknown"
-for name in ("deepspeed", "transformers", "triton"):
-    try:
-        info[name] = __import__(name).__version__
-    except ImportError as error:
-        info[name] = f"not importable: {error}"
-print(json.dumps(info, indent=2))
-with open(os.path.join(os.environ["RAW"], "environment.json"), "w") as file:
-    json.dump(info, file)
-EOF
+    local device=()
+    [ "$CPU" = 1 ] && device=(--device cpu)
+    "$PYTHON" -m advpt.environment --json "$RAW/environment.json" "${device[@]}" \
+        ${GPU_CHECK_COMMIT:+--commit "$GPU_CHECK_COMMIT"}
 }
 
 pretrain() { # pretrain NAME SETTING: a short real pre-training run of a named setting, bf16

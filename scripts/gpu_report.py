@@ -103,13 +103,16 @@ def _tests(path: Path) -> dict[str, Any] | None:
 
 def _pretraining(raw: Path) -> dict[str, Any]:
     """Each pre-training run's logged encoder losses, last validation loss and throughput."""
-    from advpt.training.run_dir import RunDir  # here: advpt's dependencies are installed now
+    from advpt.errors import ReportError  # here: advpt's dependencies are installed now
+    from advpt.training.reporting.run_metrics import read_rows
 
     runs = {}
     for run_dir in sorted(raw.glob("pretrain-*")):
-        metrics = RunDir(run_dir).metrics
-        lines = metrics.read_text().splitlines() if metrics.is_file() else []
-        records = [record for record in map(_read_record, lines) if record is not None]
+        try:  # a run killed at the step's limit may have left its last line cut short
+            records = read_rows(run_dir, missing_ok=True)
+        except ReportError as error:  # its figures read "not measured"; the rest is kept
+            print(f"gpu_check: {error}: left out", file=sys.stderr)
+            continue
         validation = [r["val_loss"] for r in records if "val_loss" in r]
         speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
         runs[run_dir.name.removeprefix("pretrain-")] = {
@@ -119,14 +122,6 @@ def _pretraining(raw: Path) -> dict[str, Any]:
             "tokens_per_s": speeds[-1] if speeds else None,
         }
     return runs
-
-
-def _read_record(line: str) -> dict[str, Any] | None:
-    """A line of a run's metrics.jsonl; None for the last one cut short by the step's limit."""
-    try:
-        return json.loads(line)
-    except ValueError:
-        return None
 
 
 def collect(raw: Path, out: Path, rehearsal: bool, previous: Path | None = None) -> Path:
@@ -393,27 +388,21 @@ def render(out: Path) -> tuple[Path, Path]:
     result["figures"] = [figure.row(result) for figure in FIGURES]
     path.write_text(json.dumps(result, indent=2) + "\n")
 
+    from advpt.environment import describe  # advpt: on the path gpu_check.sh sets
+    from advpt.markdown import table
+
     lines = ["# gpu_check results", ""]
     if result["rehearsal"]:
         lines += ["**A rehearsal on the CPU with tiny sizes: these are not GPU figures.**", ""]
-    for key in ("environment", "earlier_environment"):
-        env = result.get(key) or {}
-        if env:
-            lines.append(
-                f"- {'this run' if key == 'environment' else 'earlier run'}: "
-                f"{env.get('device', '?')}, torch {env.get('torch', '?')} (CUDA "
-                f"{env.get('cuda', '-')}), deepspeed {env.get('deepspeed', '?')}, "
-                f"transformers {env.get('transformers', '?')}, advpt {env.get('commit', '?')}, "
-                f"{env.get('date', '?')}"
-            )
+    for key, run in (("environment", "this run"), ("earlier_environment", "earlier run")):
+        if result.get(key):
+            lines.append(f"- {run}: {describe(result[key])}")
     steps = ", ".join(f"{s['name']} {s['status']} ({s['seconds']} s)"
                       for s in result["steps"].values())  # fmt: skip
-    lines += [f"- steps: {steps}", "", "| figure | goal | measured | meets goal | command |"]
-    lines.append("| --- | --- | --- | --- | --- |")
-    for row in result["figures"]:
-        cells = (row["figure"], row["goal"], row["value"], _verdict(row["meets_goal"]),
-                 f"`{row['command']}`")  # fmt: skip
-        lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+    rows = [(row["figure"], row["goal"], row["value"], _verdict(row["meets_goal"]),
+             f"`{row['command']}`") for row in result["figures"]]  # fmt: skip
+    header = ["figure", "goal", "measured", "meets goal", "command"]
+    lines += [f"- steps: {steps}", "", table(header, rows)]
     table = out / TABLE
     table.write_text("\n".join(lines) + "\n")
     return path, table

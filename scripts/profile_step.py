@@ -52,6 +52,7 @@ from advpt.config.cli import parse  # noqa: E402
 from advpt.config.pretrain import TrainConfig  # noqa: E402
 from advpt.data.stream import stream_loader  # noqa: E402
 from advpt.errors import ConfigError, cannot_write  # noqa: E402
+from advpt.markdown import table  # noqa: E402
 from advpt.models import (  # noqa: E402
     ENCODER_PRESETS,
     NOISER_ARCHITECTURES,
@@ -233,12 +234,11 @@ def noiser_rows(args, batch) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict], columns: list[str]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
-    for row in rows:
-        cells = [f"{row[c]:.1f}" if isinstance(row[c], float) else str(row[c]) for c in columns]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def rows_table(rows: list[dict], columns: list[str]) -> str:
+    """``columns`` of ``rows``, numbers to a tenth."""
+    cells = [[f"{row[c]:.1f}" if isinstance(row[c], float) else row[c] for c in columns]
+             for row in rows]  # fmt: skip
+    return table(columns, cells)
 
 
 def check(args) -> None:
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     with StopSignals() as stops, tempfile.TemporaryDirectory() as tmp:
         for mode in args.modes:  # a stop signal ends the run after the mode in progress
             rows.append(profile_mode(args, mode, Path(tmp) / mode))
-            print(table(rows[-1:], ["mode", *COLUMNS, "total"]), flush=True)
+            print(rows_table(rows[-1:], ["mode", *COLUMNS, "total"]), flush=True)
             if stops.received:
                 break
         else:
@@ -291,8 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                 write_rows(args.json, header + " (stopped early)", rows, noisers)
                 kept = f"the modes profiled are in {args.json}"
             raise Stopped(stops.received, kept)
-    print(f"\n{header}\n\n{table(rows, ['mode', *COLUMNS, 'total', 'weight_share'])}\n")
-    print(table(noisers, ["noiser", "preset", "parameters", "ms_forward_backward"]))
+    print(f"\n{header}\n\n{rows_table(rows, ['mode', *COLUMNS, 'total', 'weight_share'])}\n")
+    print(rows_table(noisers, ["noiser", "preset", "parameters", "ms_forward_backward"]))
     if args.json:
         write_rows(args.json, header, rows, noisers)
     return 0

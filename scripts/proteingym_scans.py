@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from advpt.command import DEBUG_HELP, command, positive
+from advpt.data.sampling import sample_at_most
 from advpt.downstream.dms import SCANS, apply, read_scan
 from advpt.errors import WRITE_ERRORS, cannot_write
 
@@ -56,9 +57,7 @@ def write_folder(folder: Path, limit: int | None = None, seed: int = 0) -> list[
     reference = []
     for name in SCANS:
         scan = read_scan(name)
-        rows = np.arange(len(scan.variants))
-        if limit is not None and limit < len(rows):
-            rows = np.sort(np.random.default_rng(seed).choice(rows, limit, replace=False))
+        rows = sample_at_most(len(scan.variants), limit or 0, seed)
         fitness = scan.fitness[rows]
         cutoff = float(np.median(fitness))
         dms_id, uniprot, kind = ASSAYS[name]

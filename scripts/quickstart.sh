@@ -12,9 +12,7 @@
 # picks; --paper runs the paper's exact setting instead.
 echo "[advpt] 1/2 environment: Python, PyTorch, DeepSpeed and advpt (installing what is missing)"
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
-python -c "import sys, torch, deepspeed
-print(f'[advpt]     Python {sys.version.split()[0]}, torch {torch.__version__}, '
-      f'deepspeed {deepspeed.__version__}; GPUs: {torch.cuda.device_count()}')"
+echo "[advpt]     $(python -m advpt.environment)"
 
 SETTING=(--setting recommended)
 if [ "${1:-}" = "--paper" ]; then

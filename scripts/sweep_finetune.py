@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 from advpt.command import DEBUG_HELP, command  # noqa: E402
 from advpt.errors import ConfigError  # noqa: E402
+from advpt.markdown import table  # noqa: E402
 from advpt.tasks import TAPE_TASKS  # noqa: E402
 from advpt.training.run_dir import RunDir  # noqa: E402
 
@@ -162,10 +163,7 @@ def sweep_one(args: argparse.Namespace, task: str, name: str, path: str) -> dict
 
 def markdown_table(results: dict[str, Any], encoders: list[str], seeds: int) -> str:
     """Rows: task and test split; columns: encoders; best mean per row in bold."""
-    lines = [
-        "| Task | Test set | Metric | " + " | ".join(encoders) + " |",
-        "|---|---|---|" + "---|" * len(encoders),
-    ]
+    rows = []
     for task, by_encoder in results.items():
         first = by_encoder[encoders[0]]
         title = TASK_TITLES[task]
@@ -180,9 +178,8 @@ def markdown_table(results: dict[str, Any], encoders: list[str], seeds: int) -> 
                 row.append(
                     f"**{text}**" if cells[e]["mean"] == best and len(encoders) > 1 else text
                 )
-            lines.append(
-                f"| {title} | {SPLIT_TITLES[split]} | {first['metric']} | " + " | ".join(row) + " |"
-            )
+            rows.append([title, SPLIT_TITLES[split], first["metric"], *row])
+    lines = [table(["Task", "Test set", "Metric", *encoders], rows)]
     lines += [
         "",
         f"Mean ± sample standard deviation over {seeds} fine-tuning seed(s) of the setting with "
@@ -204,11 +201,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[sweep] {task} / {name}", flush=True)
             results[task][name] = sweep_one(args, task, name, path)
     out.mkdir(parents=True, exist_ok=True)
-    table = markdown_table(results, list(args.encoders), args.seeds)
-    (out / "table.md").write_text(table)
+    text = markdown_table(results, list(args.encoders), args.seeds)
+    (out / "table.md").write_text(text)
     summary = {"encoders": args.encoders, "seeds": args.seeds, "tasks": results}
     (out / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print("\n" + table)
+    print("\n" + text)
     print(f"table:   {out / 'table.md'}\nresults: {out / 'results.json'}")
     return 0
 

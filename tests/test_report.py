@@ -10,9 +10,10 @@ from matplotlib import pyplot
 
 from advpt.config.cli import parse
 from advpt.config.pretrain import TrainConfig
+from advpt.errors import ReportError
 from advpt.report import main
 from advpt.training.reporting.plots import comparison_figure, run_figure
-from advpt.training.reporting.run_metrics import load_run
+from advpt.training.reporting.run_metrics import load_run, read_rows
 from advpt.training.reporting.summary import compare_runs, format_duration, report_run, summarize
 from tests.helpers import IN_AND_OUT_OF_PROCESS, REPO, child_env
 
@@ -157,6 +158,8 @@ def test_comparison_table_and_plot(tmp_path, capsys):
     text = compare_runs([str(adv), str(rnd)], str(tmp_path / "cmp"))
     assert (tmp_path / "cmp" / "comparison.md").read_text().strip() in text
     assert (tmp_path / "cmp" / "comparison.png").read_bytes()[:4] == b"\x89PNG"
+    piped = _write_run(tmp_path / "lr|1e-3", [_val(4, 4, 2.9, 12.0)], mode="random")
+    assert "\n| lr\\|1e-3 | random | " in compare_runs([str(piped), str(rnd)], None)  # one row
 
 
 def test_run_directories_with_nothing_to_report_are_one_sentence(tmp_path, capsys):
@@ -200,6 +203,21 @@ def test_damaged_rows_are_left_out_and_said(tmp_path):
     text = report_run(run_dir)
     assert "final val loss   3.0000 at encoder step 1" in text
     assert "  skipped          metrics.jsonl lines 11, 12: not JSON" in text.splitlines()
+
+
+def test_the_rows_a_tool_reads_back_from_a_run_it_made(tmp_path):
+    """``read_rows`` (the scripts' reader): every row as written, NaN too, but a last line cut
+    short; any other line that is not JSON is an error naming its line."""
+    rows = [_train(1, 1, 0, "encoder", 1.0), {**_val(1, 1, 3.0, 2.0), "val_loss": math.nan}]
+    run_dir = _write_run(tmp_path / "run", rows, tail='{"step": 2, "phase"')
+    read = read_rows(run_dir)
+    assert len(read) == 2 and read[0] == rows[0] and math.isnan(read[1]["val_loss"])
+    assert read_rows(tmp_path / "not yet", missing_ok=True) == []
+    with pytest.raises(ReportError, match="does not exist"):
+        read_rows(tmp_path / "not yet")
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n{"step\n{"step": 3}\n')
+    with pytest.raises(ReportError, match=r"metrics.jsonl line 2 is not JSON$"):
+        read_rows(run_dir)
 
 
 @IN_AND_OUT_OF_PROCESS

@@ -15,7 +15,7 @@ from advpt.data.clusters import ClusterSource
 from advpt.data.collate import MaskingCollator
 from advpt.data.dataset import CroppedView
 from advpt.data.keyed import Permutation, hash_strings
-from advpt.data.sampling import sample_subset, split
+from advpt.data.sampling import sample_at_most, sample_subset, split
 from advpt.data.stream import ValidationBatches
 from advpt.errors import DataError
 from advpt.tokenizer import TAPE
@@ -139,6 +139,20 @@ def test_the_validation_sample_spans_the_length_range_and_never_changes(tmp_path
     np.testing.assert_array_equal(
         same_seed.records(np.arange(64), 0), chosen.records(np.arange(64), 0)
     )
+
+
+def test_a_capped_sample_is_sorted_distinct_and_fixed_by_its_seed():
+    """What the tools that cap their work draw (the unigram's records, probe rows, the suite's
+    proteins, the scans' variants): ``count`` of the items, the same for the same seed."""
+    items = np.arange(3, 3000, 3)  # 999 items, not 0 .. N - 1
+    drawn = sample_at_most(items, 100, seed=5)
+    assert len(drawn) == 100 and set(drawn) <= set(items)
+    assert np.all(np.diff(drawn) > 0)  # sorted, no repeats
+    np.testing.assert_array_equal(drawn, sample_at_most(items, 100, seed=5))
+    assert not np.array_equal(drawn, sample_at_most(items, 100, seed=6))
+    assert sample_at_most(50, 10, seed=0).max() < 50  # an int N: 0 .. N - 1
+    for all_of_them in (0, 999, 5000):
+        np.testing.assert_array_equal(sample_at_most(items, all_of_them, seed=5), items)
 
 
 def test_permutations_are_bijections_and_hashes_separate_strings():

@@ -14,6 +14,9 @@ integers and the memory-mapped arrays, so a rank holds nothing per record:
 - the validation sample: a fixed, seeded random sample of the held-out items (drawn once, at
   epoch 0), so every evaluation, and every run with the same seed and data, scores the same
   sequences, of every length.
+
+Tools that cap their work at N items of a set they hold in memory (the unigram's records, a
+probe's rows, the suite's proteins, the scans' variants) draw them by :func:`sample_at_most`.
 """
 
 from __future__ import annotations
@@ -179,3 +182,15 @@ def sample_subset(selection: Selection, count: int, seed: int) -> Subset:
     n = len(selection)
     size = n if count <= 0 else min(count, n)
     return Subset(selection, Permutation(n, seed, SAMPLE)(np.arange(size)))
+
+
+def sample_at_most(items: np.ndarray | int, count: int, seed: int) -> np.ndarray:
+    """Sorted ``[k]``: ``count`` of ``items`` (an array ``[N]``, or ``N`` for ``0 .. N - 1``)
+    drawn without replacement by ``seed``; all of them for 0 or ``count`` of at least ``N``.
+
+    Unlike :func:`sample_subset`, it holds the ``N`` items in memory: for what a tool caps,
+    not for an epoch's selection."""
+    items = np.arange(items) if isinstance(items, int) else np.asarray(items)
+    if 0 < count < len(items):
+        return np.sort(np.random.default_rng(seed).choice(items, count, replace=False))
+    return items

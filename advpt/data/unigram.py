@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from advpt.data.prepared import ProteinDataset
-from advpt.data.sampling import Selection
+from advpt.data.sampling import Selection, sample_at_most
 from advpt.tokenizer import Vocabulary
 
 MAX_RECORDS = 20_000
@@ -31,9 +31,7 @@ def residue_counts(
     not counted. Beyond ``max_records`` records a seeded random sample of that many is counted,
     so the cost does not grow with the dataset.
     """
-    items = np.arange(len(selection))
-    if len(items) > max_records:
-        items = np.sort(np.random.default_rng(seed).choice(len(items), max_records, replace=False))
+    items = sample_at_most(len(selection), max_records, seed)
     counts = np.zeros(vocab.size, dtype=np.int64)
     for record in selection.records(items, 0):
         counts += np.bincount(vocab.code_to_id[dataset.codes(int(record))], minlength=vocab.size)

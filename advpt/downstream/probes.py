@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from advpt.correlation import spearman
+from advpt.data.sampling import sample_at_most
 
 LOGISTIC_L2 = (1e-5, 1e-4, 1e-3, 1e-2)  # weight of 1/2 |W|^2 beside the mean cross-entropy
 RIDGE_ALPHAS = tuple(10.0**k for k in range(-3, 5))  # times the number of training rows
@@ -88,7 +89,7 @@ def logistic_probe(
     ``seed``) whose penalty scores best on ``valid``; penalties from the strongest down, each
     fit starting from the last."""
     if len(train[1]) > MAX_ROWS:
-        keep = np.sort(np.random.default_rng(seed).choice(len(train[1]), MAX_ROWS, replace=False))
+        keep = sample_at_most(len(train[1]), MAX_ROWS, seed)
         train = (train[0][keep], train[1][keep])
     scaler = Standardiser.fit(train[0])
     x, y = torch.from_numpy(scaler(train[0])), torch.from_numpy(train[1].astype(np.int64))

@@ -19,6 +19,7 @@ from advpt.downstream.proteingym_run import SCORES, TASK, Benchmark, Scored
 from advpt.downstream.suite import Subject
 from advpt.errors import WRITE_ERRORS, cannot_write
 from advpt.inference import atomic_output
+from advpt.markdown import table
 
 
 def summaries(results: list[Scored], names: list[str], seed: int) -> dict[str, Summary]:
@@ -121,39 +122,49 @@ def markdown(
         "",
         *(f"- {metric}: {text}" for metric, text in METRICS.items()),
         "",
-        "| subject | kind | " + " | ".join(METRICS) + " |",
-        "| --- | --- |" + " ---: |" * len(METRICS),
+        table(
+            ["subject", "kind", *METRICS],
+            [
+                [
+                    name,
+                    kind,
+                    *(
+                        f"{_cell(s.average[i])} ± {_cell(s.standard_error[i])}"
+                        for s in summary.values()
+                    ),
+                ]
+                for i, (name, kind) in enumerate(zip(names, kinds, strict=True))
+            ],
+            numbers_from=2,
+        ),
     ]
-    for i, (name, kind) in enumerate(zip(names, kinds, strict=True)):
-        cells = [f"{_cell(s.average[i])} ± {_cell(s.standard_error[i])}" for s in summary.values()]
-        lines.append(f"| {name} | {kind} | " + " | ".join(cells) + " |")
     spearman = summary["Spearman"]
     lines += [
         "",
         "Spearman by coarse_selection_type:",
         "",
-        "| subject | " + " | ".join(spearman.by_type) + " |",
-        "| --- |" + " ---: |" * len(spearman.by_type),
+        table(
+            ["subject", *spearman.by_type],
+            [
+                [name, *(_cell(v[i]) for v in spearman.by_type.values())]
+                for i, name in enumerate(names)
+            ],
+            numbers_from=1,
+        ),
     ]
-    for i, name in enumerate(names):
-        cells = " | ".join(_cell(v[i]) for v in spearman.by_type.values())
-        lines.append(f"| {name} | {cells} |")
     for metric in METRICS:
-        lines += [
-            "",
-            f"{metric} per assay:",
-            "",
-            "| DMS_id | UniProt_ID | coarse_selection_type | variants | "
-            + " | ".join(names)
-            + " |",
-            "| --- | --- | --- | ---: |" + " ---: |" * len(names),
+        rows = [
+            [
+                r.data.assay.dms_id,
+                r.data.assay.uniprot_id,
+                r.data.assay.selection_type,
+                f"{r.data.rows:,}",
+                *(_cell(r.metrics[n][metric]) for n in names),
+            ]
+            for r in results
         ]
-        for r in results:
-            a = r.data.assay
-            cells = " | ".join(_cell(r.metrics[n][metric]) for n in names)
-            lines.append(
-                f"| {a.dms_id} | {a.uniprot_id} | {a.selection_type} | {r.data.rows:,} | {cells} |"
-            )
+        header = ["DMS_id", "UniProt_ID", "coarse_selection_type", "variants", *names]
+        lines += ["", f"{metric} per assay:", "", table(header, rows, numbers_from=3)]
     return "\n".join(lines) + "\n"
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from advpt.downstream.suite import Subject
 from advpt.errors import WRITE_ERRORS, cannot_write
 from advpt.inference import atomic_output
+from advpt.markdown import table
 
 RHO = "Spearman's rho of"
 COLUMNS = (
@@ -44,14 +45,14 @@ def value(subject: Subject, task: str, key: str) -> float:
 
 def markdown_table(subjects: list[Subject]) -> str:
     shown = columns(subjects)
-    lines = [
-        "| subject | kind | " + " | ".join(c[2] for c in shown) + " |",
-        "| --- | --- |" + " ---: |" * len(shown),
+    rows = [
+        [s.name, s.kind, *(_cell(value(s, task, key)) for task, key, *_ in shown)] for s in subjects
     ]
-    for s in subjects:
-        cells = [_cell(value(s, task, key)) for task, key, *_ in shown]
-        lines.append(f"| {s.name} | {s.kind} | " + " | ".join(cells) + " |")
-    lines += ["", *(f"- {heading}: {metric}" for _, _, heading, metric in shown)]
+    lines = [
+        table(["subject", "kind", *(c[2] for c in shown)], rows, numbers_from=2),
+        "",
+        *(f"- {heading}: {metric}" for _, _, heading, metric in shown),
+    ]
     return "\n".join(lines) + "\n"
 
 

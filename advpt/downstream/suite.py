@@ -39,6 +39,7 @@ import torch
 
 from advpt.config.evaluate import EvaluateConfig
 from advpt.correlation import spearman
+from advpt.data.sampling import sample_at_most
 from advpt.downstream.dms import SCANS, Scan, read_scan
 from advpt.downstream.eval_data import EvalData, Proteins
 from advpt.downstream.features import EncoderFeatures, Features, OneHotFeatures
@@ -99,21 +100,12 @@ class Inputs:
 # ----------------------------------------------------------------------------- samples
 
 
-def sample_indices(where: np.ndarray, count: int, seed: int) -> np.ndarray:
-    """Sorted indices ``[k]``: ``count`` of the true entries of ``where`` ``[N]`` drawn by
-    ``seed`` (all of them for 0 or more than there are)."""
-    found = np.flatnonzero(where)
-    if 0 < count < len(found):
-        found = np.sort(np.random.default_rng(seed).choice(found, count, replace=False))
-    return found
-
-
 def sides(proteins: Proteins, train: int, test: int, seed: int) -> tuple[np.ndarray, ...]:
     """Train, validation and test records: ``train`` and ``test`` of their sides, and a fifth
     as many validation records as training ones (all of that side for 0)."""
     valid = (train + 4) // 5
     return tuple(
-        sample_indices(proteins.side == side, count, seed + side)
+        sample_at_most(np.flatnonzero(proteins.side == side), count, seed + side)
         for side, count in ((0, train), (1, valid), (2, test))
     )
 
@@ -224,7 +216,7 @@ def ridge_on_scan(subject: Subject, scan: Scan, train: int, test: int, seed: int
     """Test Spearman's rho of the ridge probe fit on ``train`` variants of the scan's training
     split (a fifth as many from its validation split pick the penalty)."""
     parts = [
-        sample_indices(scan.split == side, count, seed + side)
+        sample_at_most(np.flatnonzero(scan.split == side), count, seed + side)
         for side, count in ((0, train), (1, (train + 4) // 5), (2, test))
     ]
     desc = f"{subject.name}: {scan.name}"

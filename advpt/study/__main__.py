@@ -14,6 +14,7 @@ import torch
 import advpt.study
 from advpt.command import DEBUG_HELP, Stopped, command, positive, stopping_on_signals
 from advpt.data.bundled import BUNDLED_PROTEOME
+from advpt.environment import device_name
 from advpt.study.arms import ARMS, BASELINE, DEFAULT_ARMS
 from advpt.study.jobs import run_study
 from advpt.study.plots import plot_curves, plot_downstream, plot_residues, plot_scores
@@ -123,8 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     plot_curves(results, summary, arms, args.out / "study_curves.png")
     plot_residues(results, arms, args.out / "study_residues.png")
     plot_downstream(downstream, arms, args.out / "study_downstream.png")
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
-    device += f", {size.jobs} run(s) at a time, {torch.get_num_threads()} torch thread(s) each"
+    device = (
+        device_name()
+        + f", {size.jobs} run(s) at a time, {torch.get_num_threads()} torch thread(s) each"
+    )
     costs_name = args.costs.name if args.costs else None
     occasion = Occasion(command_line(args, results.reused), device, args.data, costs_name)
     write_report(args.out / "study.md", results, summary, downstream, arms, size, occasion)

@@ -32,6 +32,7 @@ from advpt.study.scoring import score, score_unigram, seed_tasks
 from advpt.study.sizes import Size
 from advpt.training.build import build_data, open_data
 from advpt.training.distributed import init_distributed
+from advpt.training.reporting.run_metrics import read_rows
 
 
 def join_group_of_one() -> torch.device:
@@ -76,7 +77,7 @@ def train_job(
     print(f"study: seed {seed}: training {arm} ...", flush=True)
     trainer = train(arm, size, runs / f"{arm}-seed{seed}", seed, data, device, cost)
     torch.save(trainer.encoder.module.state_dict(), trainer.run_dir.root / "encoder.pt")
-    metrics = [json.loads(line) for line in trainer.run_dir.metrics.open()]
+    metrics = read_rows(trainer.run_dir.root)
     print(f"study: seed {seed}: {arm}: {trainer.counters.train_seconds:.0f} s", flush=True)
     result = Training(
         arm, seed, trainer.counters.encoder_step, trainer.counters.noiser_step,

@@ -12,6 +12,7 @@ from advpt.config.cli import parse
 from advpt.config.evaluate import EvaluateConfig
 from advpt.config.pretrain import OptimConfig
 from advpt.data.bundled import BUNDLED_PROTEOME
+from advpt.markdown import table
 from advpt.study.arms import ARMS, BASELINE, HEURISTICS, JUDGE_SEED, SCORE_RATE, named
 from advpt.study.results import Results
 from advpt.study.sizes import Size
@@ -215,44 +216,41 @@ def equal_time_method(size: Size, costs: str | None) -> str:
 def held_out_table(summary: Summary, arms: list[str]) -> str:
     """Every arm's held-out numbers and the unigram baseline's."""
     costs = summary.arms[arms[0]].cost is not None
-    time_column = "cost per update (x random 20%)" if costs else "time vs random 20%"
-    rows = [
-        f"| arm | updates (enc / noiser) | {time_column} | random masking: loss | random "
-        "masking: accuracy | hard positions: loss | hard positions: accuracy | random masking "
-        "at equal time: loss |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
+    header = [
+        "arm", "updates (enc / noiser)",
+        "cost per update (x random 20%)" if costs else "time vs random 20%",
+        "random masking: loss", "random masking: accuracy", "hard positions: loss",
+        "hard positions: accuracy", "random masking at equal time: loss",
+    ]  # fmt: skip
+    rows = []
     for arm in arms:
         s = summary.arms[arm]
-        cost = f"{s.cost:.2f}" if costs else cell(s.time_ratio, 2)
-        rows.append(
-            f"| {named(arm)} | {s.updates[0]} / {s.updates[1]} | {cost} | "
-            f"{cell(s.random)} | {cell(s.random_accuracy)} | "
-            f"{cell(s.hard)} | {cell(s.hard_accuracy)} | {cell(s.equal_time)} |"
-        )
+        rows.append([
+            named(arm), f"{s.updates[0]} / {s.updates[1]}",
+            f"{s.cost:.2f}" if costs else cell(s.time_ratio, 2), cell(s.random),
+            cell(s.random_accuracy), cell(s.hard), cell(s.hard_accuracy), cell(s.equal_time),
+        ])  # fmt: skip
     u = summary.unigram
-    rows.append(
-        f"| unigram baseline | - | - | {cell(u.random)} | {cell(u.random_accuracy)} | "
-        f"{cell(u.hard)} | - | {cell(u.equal_time)} |"
-    )
-    return "\n".join(rows)
+    rows.append(["unigram baseline", "-", "-", cell(u.random), cell(u.random_accuracy),
+                 cell(u.hard), "-", cell(u.equal_time)])  # fmt: skip
+    return table(header, rows, numbers_from=1)
 
 
 def paired_table(summary: Summary, arms: list[str]) -> str:
     """Every arm's losses minus the best free heuristic's, seed by seed."""
     rows = [
-        f"| {ARMS[arm]} | {cell(s.random_vs_best)} | {cell(s.hard_vs_best)} | "
-        f"{cell(s.equal_time_vs_best)} | {s.equal_time_wins} of {summary.seeds} |"
+        [ARMS[arm], cell(s.random_vs_best), cell(s.hard_vs_best), cell(s.equal_time_vs_best),
+         f"{s.equal_time_wins} of {summary.seeds}"]
         for arm, s in summary.arms.items()
         if arm != summary.best
-    ]
+    ]  # fmt: skip
+    header = ["arm", "random masking", "hard positions", "random masking at equal time",
+              "better at equal time"]  # fmt: skip
     return f"""The same losses minus the best free heuristic's ({ARMS[summary.best]}: the lowest at equal time), seed by
 seed (negative: better than it), mean ± std over the seeds, and the seeds in which the arm is
 better at equal time:
 
-| arm | random masking | hard positions | random masking at equal time | better at equal time |
-| --- | ---: | ---: | ---: | ---: |
-{chr(10).join(rows)}"""  # noqa: E501
+{table(header, rows, numbers_from=1)}"""  # noqa: E501
 
 
 FIGURES = """![held-out loss per arm, mean ± std over seeds](study_scores.png)
@@ -262,38 +260,33 @@ FIGURES = """![held-out loss per arm, mean ± std over seeds](study_scores.png)
 ![residue mask enrichment of each noiser, mean ± std over seeds](study_residues.png)"""
 
 
-def suite_table(downstream: Downstream, arms: list[str], at: str) -> list[str]:
+def suite_table(downstream: Downstream, rows: list[list[str]], first: str = "arm") -> str:
+    """``rows`` under the suite's columns, one per task."""
+    return table([first, *(c.column[2] for c in downstream.columns)], rows, numbers_from=1)
+
+
+def suite_rows(downstream: Downstream, arms: list[str], at: str) -> list[list[str]]:
     """Every arm's suite scores at ``updates`` or at ``compute``, a column per task."""
-    return suite_head(downstream) + [
-        f"| {named(arm)} | "
-        + " | ".join(cell(getattr(c.arms[arm], at)) for c in downstream.columns) + " |"
-        for arm in arms
-    ]  # fmt: skip
+    return [[named(arm), *(cell(getattr(c.arms[arm], at)) for c in downstream.columns)]
+            for arm in arms]  # fmt: skip
 
 
-def suite_head(downstream: Downstream, first: str = "arm") -> list[str]:
-    labels = " | ".join(c.column[2] for c in downstream.columns)
-    return [f"| {first} | {labels} |", "| --- |" + " ---: |" * len(downstream.columns)]
-
-
-def suite_baselines(downstream: Downstream) -> list[str]:
+def baseline_rows(downstream: Downstream) -> list[list[str]]:
     """The baselines' rows, and the paper's Table 2 for scale."""
     columns = [c.column for c in downstream.columns]
     rows = [
-        f"| {kind} | " + " | ".join(f"{column_value(scores, c):.3f}" for c in columns) + " |"
+        [kind, *(f"{column_value(scores, c):.3f}" for c in columns)]
         for kind, scores in downstream.baselines.items()
     ]
-    paper = " | ".join(PAPER_TABLE_2.get(c[:2], "-") for c in columns)
-    return [*rows, f"| the paper's Table 2 (fine-tuned on TAPE; for scale only) | {paper} |"]
+    paper = [PAPER_TABLE_2.get(c[:2], "-") for c in columns]
+    return [*rows, ["the paper's Table 2 (fine-tuned on TAPE; for scale only)", *paper]]
 
 
-def suite_differences(downstream: Downstream, arms: list[str]) -> list[str]:
+def difference_rows(downstream: Downstream, arms: list[str]) -> list[list[str]]:
     """Each arm's suite scores minus the column's best free heuristic's, with its wins."""
-    return suite_head(downstream, "arm (vs best heuristic)") + [
-        f"| {ARMS[arm]} | " + " | ".join(
-            f"{cell(c.arms[arm].vs_best)} ({c.arms[arm].wins}/{c.arms[arm].seeds})"
-            for c in downstream.columns
-        ) + " |"
+    return [
+        [ARMS[arm], *(f"{cell(c.arms[arm].vs_best)} ({c.arms[arm].wins}/{c.arms[arm].seeds})"
+                      for c in downstream.columns)]
         for arm in arms
     ]  # fmt: skip
 
@@ -304,7 +297,9 @@ def downstream_section(downstream: Downstream, arms: list[str], size: Size) -> s
     best = ", ".join(f"{c.column[2]}: {ARMS[c.best]}" for c in downstream.columns)
     flags = " ".join(size.downstream)
     labelled = parse(EvaluateConfig, ["-", *size.downstream]).fitness_train
-    at_compute = suite_table(downstream, arms, "compute") + suite_baselines(downstream)
+    at_compute = suite_rows(downstream, arms, "compute") + baseline_rows(downstream)
+    at_updates = suite_rows(downstream, arms, "updates")
+    differences = difference_rows(downstream, arms)
     return f"""## Downstream: the suite of docs/evaluate.md
 
 Every final encoder, and for each arm dearer than random MLM also its encoder at equal compute
@@ -317,16 +312,16 @@ better everywhere.
 
 At equal compute (mean ± std over seeds):
 
-{chr(10).join(at_compute)}
+{suite_table(downstream, at_compute)}
 
 At equal updates:
 
-{chr(10).join(suite_table(downstream, arms, "updates"))}
+{suite_table(downstream, at_updates)}
 
 Each arm minus the best free heuristic of the column at equal compute ({best}), seed by seed
 (positive: better than it), mean ± std and the seeds it is better in:
 
-{chr(10).join(suite_differences(downstream, arms))}
+{suite_table(downstream, differences, "arm (vs best heuristic)")}
 
 ![downstream scores at equal compute, mean ± std over seeds; dashed: context-free, dotted:
 random encoder](study_downstream.png)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -66,22 +67,10 @@ def load_run(run_dir: str | Path) -> Run:
     read (the mode is then unknown). A file with no row left is an error naming it.
     """
     path = Path(run_dir)
-    metrics = RunDir(path).metrics
-    if not metrics.is_file():
-        raise ReportError(f"{metrics} does not exist (is {path} an advpt run directory?)")
-    text = metrics.read_text(errors="replace")  # a byte that is not UTF-8 spoils its line only
-    lines = text.splitlines()
+    metrics = _metrics_file(path)
     rows, bad = [], defaultdict(list)  # bad: why -> the numbers of the lines left out for it
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):  # (nested past the parser's depth)
-            cut = number == len(lines) and not text.endswith("\n")
-            bad[_CUT_SHORT if cut else "not JSON"].append(number)
-            continue
-        why = _unusable(row)
+    for number, row, why in _json_lines(metrics):
+        why = why or _unusable(row)
         if why:
             bad[why].append(number)
             continue
@@ -96,7 +85,47 @@ def load_run(run_dir: str | Path) -> Run:
     return Run(path, mode, rows, _add_wall_time(rows), skipped + unknown)
 
 
+def read_rows(run_dir: str | Path, missing_ok: bool = False) -> list[dict[str, Any]]:
+    """Every row of ``RUN_DIR/metrics.jsonl`` as it was written (NaN and all), in file order,
+    for tools that read runs they made: a last line cut short (its job still writing it, or
+    killed while it did) is left out, any other line that is not JSON is an error naming it.
+    With ``missing_ok`` a file not written yet holds no rows."""
+    path = Path(run_dir)
+    if missing_ok and not RunDir(path).metrics.is_file():
+        return []
+    metrics, rows = _metrics_file(path), []
+    for number, row, why in _json_lines(metrics):
+        if why == _NOT_JSON:
+            raise ReportError(f"{metrics} line {number} is not JSON")
+        if why is None:
+            rows.append(row)
+    return rows
+
+
+def _metrics_file(run_dir: Path) -> Path:
+    metrics = RunDir(run_dir).metrics
+    if not metrics.is_file():
+        raise ReportError(f"{metrics} does not exist (is {run_dir} an advpt run directory?)")
+    return metrics
+
+
+def _json_lines(metrics: Path) -> Iterator[tuple[int, Any, str | None]]:
+    """Each line of ``metrics`` that is not blank: its number, its JSON value, and None, or
+    None and why it has none (cut short, or not JSON)."""
+    text = metrics.read_text(errors="replace")  # a byte that is not UTF-8 spoils its line only
+    lines = text.splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line), None
+        except (json.JSONDecodeError, RecursionError):  # (nested past the parser's depth)
+            cut = number == len(lines) and not text.endswith("\n")
+            yield number, None, _CUT_SHORT if cut else _NOT_JSON
+
+
 _NOISER_KEYS = ("noiser_loss", "adversarial_loss", "mask_entropy")  # logged where a noiser masks
+_NOT_JSON = "not JSON"
 _CUT_SHORT = "cut short (being written, or its job was killed while writing it)"
 # The values the summary and the plots compute with, by what each must be where a row has it.
 _INTEGERS = ("step", "encoder_step", "noiser_step")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from advpt.errors import cannot_write
+from advpt.markdown import table
 from advpt.training.reporting.plots import plot_comparison, plot_run
 from advpt.training.reporting.run_metrics import Run, load_run
 from advpt.training.run_dir import RunDir
@@ -164,23 +165,21 @@ def _against_unigram(s: Summary, unigram: float) -> str:
 
 def format_table(summaries: list[Summary]) -> str:
     """A Markdown table, one row per run, and under it what was skipped of each run's files."""
-    header = (
-        "| run | mode | wall time | encoder steps | tokens/s | best val loss (step) "
-        "| final val loss (step) | adversarial / random loss |"
-    )
-    lines = [header, "|" + " --- |" * 8]
-    for s in summaries:
-        best = f"{s.best_val[0]:.4f} ({s.best_val[1]})" if s.best_val else "-"
-        final = f"{s.final_val[0]:.4f} ({s.final_val[1]})" if s.final_val else "-"
-        adv = f"{s.adversarial_loss:.4f}" if s.adversarial_loss is not None else "-"
-        rnd = f"{s.random_loss:.4f}" if s.random_loss is not None else "-"
-        rate = f"{s.tokens_per_s:,.0f}" if s.tokens_per_s is not None else "-"
-        lines.append(
-            f"| {s.name} | {s.mode} | {format_duration(s.wall_s)} | {s.encoder_steps} | {rate} "
-            f"| {best} | {final} | {adv} / {rnd} |"
-        )
+    header = ["run", "mode", "wall time", "encoder steps", "tokens/s", "best val loss (step)",
+              "final val loss (step)", "adversarial / random loss"]  # fmt: skip
+    lines = [table(header, [_table_row(s) for s in summaries])]
     skipped = [f"- {s.name}: skipped {note}" for s in summaries for note in s.skipped]
     return "\n".join(lines + ([""] if skipped else []) + skipped)
+
+
+def _table_row(s: Summary) -> list[object]:
+    best = f"{s.best_val[0]:.4f} ({s.best_val[1]})" if s.best_val else "-"
+    final = f"{s.final_val[0]:.4f} ({s.final_val[1]})" if s.final_val else "-"
+    adv = f"{s.adversarial_loss:.4f}" if s.adversarial_loss is not None else "-"
+    rnd = f"{s.random_loss:.4f}" if s.random_loss is not None else "-"
+    rate = f"{s.tokens_per_s:,.0f}" if s.tokens_per_s is not None else "-"
+    return [s.name, s.mode, format_duration(s.wall_s), s.encoder_steps, rate, best, final,
+            f"{adv} / {rnd}"]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------- entry
@@ -213,16 +212,16 @@ def compare_runs(run_dirs: list[str], out: str | None, plots: bool = True) -> st
     names = [r.path.name for r in runs]
     if len(set(names)) < len(names):
         names = [str(r.path) for r in runs]
-    table = format_table([summarize(r, n) for r, n in zip(runs, names, strict=True)])
+    rows = format_table([summarize(r, n) for r, n in zip(runs, names, strict=True)])
     if out is None:
-        return table + f"\n\n(pass --out DIR to write {COMPARISON}.md and {COMPARISON}.png)"
+        return rows + f"\n\n(pass --out DIR to write {COMPARISON}.md and {COMPARISON}.png)"
     folder = Path(out)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{COMPARISON}.md").write_text(table + "\n")
+        (folder / f"{COMPARISON}.md").write_text(rows + "\n")
     except OSError as err:
         raise cannot_write(err, folder) from err
-    text = table + f"\n\ntable: {folder / f'{COMPARISON}.md'}"
+    text = rows + f"\n\ntable: {folder / f'{COMPARISON}.md'}"
     if plots:
         written = _written(plot_comparison, runs, names, folder / f"{COMPARISON}.png")
         text += f"\nplot:  {written}" if written else f"\n({PLOTS_HINT})"

@@ -1,0 +1,28 @@
+"""advpt.markdown.table, the one writer of every Markdown table advpt and its scripts print."""
+
+import pytest
+
+from advpt.markdown import table
+
+
+def test_a_table_its_rule_and_right_aligned_number_columns():
+    text = table(["run", "mode", "loss"], [["a", "random", 2.5], ["b", "adversarial", "-"]], 2)
+    assert text.splitlines() == [
+        "| run | mode | loss |",
+        "| --- | --- | ---: |",
+        "| a | random | 2.5 |",
+        "| b | adversarial | - |",
+    ]
+    assert table(["x"], []).splitlines()[1] == "| --- |"  # no numbers_from: all left as is
+
+
+def test_a_cell_cannot_break_its_row():
+    """A pipe would end the column early, a line break the row: a run or subject can be named
+    with either."""
+    text = table(["subject", "score"], [["esm|8M\nseed 1", "0.5"]], 1)
+    assert text.splitlines()[2] == "| esm\\|8M seed 1 | 0.5 |"
+
+
+def test_a_row_of_the_wrong_width_is_refused():
+    with pytest.raises(ValueError, match="row 1 has 1 cells for 2 columns"):
+        table(["a", "b"], [[1, 2], [3]])
