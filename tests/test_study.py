@@ -86,10 +86,12 @@ def test_quick_study_stops_keeps_its_runs_and_writes_the_tables_and_plots(tmp_pa
     table = [line for line in downstream.split("At equal updates")[0].splitlines() if "|" in line]
     assert table[0].startswith("| arm | SS Q3 | SS Q8 | 0-shot GB1")
     assert [row.split(" | ")[0].removeprefix("| ").removesuffix(marker) for row in table[2:]] == [
-        *arms, "context-free", "random init",
+        *arms, "context-free", "local context: one-hot ±7 window; residue pairs", "random init",
         "the paper's Table 2 (fine-tuned on TAPE; for scale only)",
     ]  # fmt: skip
-    for row in table[2:9]:
+    local = table[2 + len(arms) + 1].split(" | ")  # scored on the two tasks of the floors only
+    assert float(local[1]) > 0.3 and local[3] == "-" and float(local[-1].rstrip(" |")) > 0
+    for row in table[2 : 2 + len(arms)]:  # the arms: mean ± std over seeds
         for value in row.split(" | ")[1:]:
             mean, std = _mean_std(value.rstrip(" |"))
             assert -1 <= mean <= 1 and std >= 0

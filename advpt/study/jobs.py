@@ -18,7 +18,13 @@ from advpt.config.evaluate import EvaluateConfig
 from advpt.config.pretrain import DataConfig
 from advpt.data.unigram import residue_counts, unigram_log_probs
 from advpt.downstream import eval_data
-from advpt.downstream.suite import Inputs, context_free, encoder_subject, run_suite
+from advpt.downstream.suite import (
+    Inputs,
+    context_free,
+    encoder_subject,
+    local_context,
+    run_suite,
+)
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.study.results import EQUAL_COMPUTE_WEIGHTS, Run, Score, Training, Unigram, read_kept
 from advpt.study.runs import (
@@ -152,13 +158,14 @@ def downstream_job(
 
 
 def downstream_baselines_job(size: Size, runs: Path, device: torch.device) -> dict:
-    """The suite's scores of the context-free baseline and of a random encoder of the study's
-    shape (seed 0): what pre-training adds is measured against them."""
+    """The suite's scores of the context-free and local-context floors and of a random encoder
+    of the study's shape (seed 0): what pre-training adds is measured against them."""
     inputs = downstream_inputs(size, runs)
     torch.manual_seed(inputs.config.seed)
     fresh = MaskedLanguageModel(ENCODER_PRESETS[size.encoder]).to(device).eval()
     tokens = inputs.config.tokens_per_batch
-    subjects = [context_free(), encoder_subject("random init", "random init", fresh, tokens)]
+    random_init = encoder_subject("random init", "random init", fresh, tokens)
+    subjects = [context_free(), local_context(), random_init]
     run_suite(subjects, inputs, say)
     return {s.kind: s.scores for s in subjects}
 

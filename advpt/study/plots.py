@@ -3,11 +3,13 @@ preferences, and the downstream suite's scores. Needs matplotlib."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
 import numpy as np
 
+from advpt.downstream.suite import LOCAL_CONTEXT
 from advpt.study.arms import ARMS
 from advpt.study.results import Results
 from advpt.study.summary import Downstream, Summary, column_value
@@ -127,9 +129,9 @@ def plot_downstream(downstream: Downstream, arms: list[str], path: Path) -> None
         for y, arm in enumerate(arms):
             mean, std = suite_column.arms[arm].compute
             ax.errorbar(mean, y, xerr=std, fmt="o", color=color(arm), capsize=3)
-        for kind, style in (("context-free", "--"), ("random init", ":")):
-            if kind in baselines:
-                value = column_value(baselines[kind], suite_column.column)
+        for kind, style in (("context-free", "--"), (LOCAL_CONTEXT, "-."), ("random init", ":")):
+            value = column_value(baselines.get(kind, {}), suite_column.column)
+            if not math.isnan(value):  # (the local context is scored on two tasks only)
                 ax.axvline(value, color="black", linestyle=style, label=kind)
         ax.set_title(suite_column.column[2], fontsize=9)
         ax.grid(axis="x", alpha=0.3)

@@ -4,6 +4,7 @@ and the tables of the held-out scores and of the downstream suite."""
 from __future__ import annotations
 
 import datetime
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ from advpt.config.cli import parse
 from advpt.config.evaluate import EvaluateConfig
 from advpt.config.pretrain import OptimConfig
 from advpt.data.bundled import BUNDLED_PROTEOME
+from advpt.downstream.suite import LOCAL_CONTEXT, LOCAL_WINDOW
 from advpt.markdown import table
 from advpt.study.arms import ARMS, BASELINE, HEURISTICS, JUDGE_SEED, SCORE_RATE, named
 from advpt.study.results import Results
@@ -271,11 +273,19 @@ def suite_rows(downstream: Downstream, arms: list[str], at: str) -> list[list[st
             for arm in arms]  # fmt: skip
 
 
+BASELINE_NAMES = {LOCAL_CONTEXT: f"{LOCAL_CONTEXT}: one-hot ±{LOCAL_WINDOW} window; residue pairs"}
+
+
+def number(x: float) -> str:
+    """A baseline's cell: "-" for a task it is not scored on."""
+    return "-" if math.isnan(x) else f"{x:.3f}"
+
+
 def baseline_rows(downstream: Downstream) -> list[list[str]]:
     """The baselines' rows, and the paper's Table 2 for scale."""
     columns = [c.column for c in downstream.columns]
     rows = [
-        [kind, *(f"{column_value(scores, c):.3f}" for c in columns)]
+        [BASELINE_NAMES.get(kind, kind), *(number(column_value(scores, c)) for c in columns)]
         for kind, scores in downstream.baselines.items()
     ]
     paper = [PAPER_TABLE_2.get(c[:2], "-") for c in columns]
@@ -289,6 +299,18 @@ def difference_rows(downstream: Downstream, arms: list[str]) -> list[list[str]]:
                       for c in downstream.columns)]
         for arm in arms
     ]  # fmt: skip
+
+
+def floor_note(downstream: Downstream) -> str:
+    """What the local-context row is, where the study scored it (studies before it did not)."""
+    if LOCAL_CONTEXT not in downstream.baselines:
+        return ""
+    return f"""
+{LOCAL_CONTEXT.capitalize()}: a linear probe on the one-hot letters within {LOCAL_WINDOW} residues
+of each residue (secondary structure), and on the composition of adjacent residue pairs
+(localisation), the floors of docs/evaluate.md: what an encoder adds beyond the letters
+nearby (dash-dotted in the figure below).
+"""
 
 
 def downstream_section(downstream: Downstream, arms: list[str], size: Size) -> str:
@@ -313,7 +335,7 @@ better everywhere.
 At equal compute (mean ± std over seeds):
 
 {suite_table(downstream, at_compute)}
-
+{floor_note(downstream)}
 At equal updates:
 
 {suite_table(downstream, at_updates)}
