@@ -23,19 +23,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     parser.parse_args(argv)
 
-    import deepspeed
     import torch
-    from deepspeed.accelerator import get_accelerator
 
-    from advpt.extensions import extensions_folder, load_deepspeed_op
+    from advpt.extensions import extensions_folder
     from advpt.kernels import load_subset_sampler
-    from advpt.training.distributed import SHM_OP
+    from advpt.training.distributed import SHM_OP, build_collectives_op
 
     built = []
-    if get_accelerator().device_name() == "cpu":
-        if deepspeed.ops.__compatible_ops__.get(SHM_OP):
-            load_deepspeed_op("ShareMemCommBuilder")
-            built.append(SHM_OP)
+    if build_collectives_op():
+        built.append(SHM_OP)
     elif torch.cuda.is_available() and load_subset_sampler() is not None:
         built.append("advpt_subset_sampler")
     print(f"[advpt] {', '.join(built) or 'no op'} built in {extensions_folder()}")

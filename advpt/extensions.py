@@ -16,6 +16,12 @@ rebuild each other's op in turn, which widens that window. So:
   other advpt process builds that op, so in advpt's own folder a torch lock file found there was
   left by a dead build: it is removed, with a line saying so. In a folder the user named, other
   programs may build too: a torch lock there is waited on until it is :data:`STALE_S` old.
+- Every build runs this environment's own ``ninja`` (pip's, which DeepSpeed requires) whatever
+  ``PATH`` a process has: ninja 1.12 changed how ``.ninja_log`` hashes a command, so a Debian
+  ninja 1.11 and pip's 1.13 each read the other's build as made by another command and build
+  the op again, in turn (seen: 14 rebuilds of DeepSpeed's CPU op, a minute of both cores each,
+  in one run of the test suite, whose processes run with and without the environment's
+  ``bin`` on ``PATH``).
 - Every wait longer than :data:`QUIET_S` says what it waits for and which file to delete if
   nothing is building, and a stop signal ends it (``Stopped``: exit 75), as it ends a build in
   progress (torch then removes its own lock).
@@ -32,6 +38,7 @@ import hashlib
 import os
 import socket
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -98,10 +105,31 @@ def building(name: str) -> Iterator[Path]:
         lock.flush()
         try:
             _clear_dead_build(folder / name, name)
-            yield folder / name
+            with _environment_ninja():
+                yield folder / name
         finally:
             lock.truncate(0)
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _environment_ninja() -> Iterator[None]:
+    """While entered, ``PATH`` starts with this environment's scripts folder where it holds a
+    ``ninja`` (torch runs the first ``ninja`` on ``PATH``), so that every build of this
+    environment's ops runs that one."""
+    scripts = sysconfig.get_path("scripts")
+    if not (Path(scripts) / "ninja").is_file():
+        yield
+        return
+    before = os.environ.get("PATH")
+    os.environ["PATH"] = os.pathsep.join([scripts, *filter(None, [before])])
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = before
 
 
 def load_deepspeed_op(builder_name: str) -> ModuleType | None:

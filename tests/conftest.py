@@ -27,7 +27,10 @@ def distributed():
     import deepspeed
     import torch.distributed as dist
 
+    from advpt.training.distributed import build_collectives_op
+
     if not dist.is_initialized():
+        build_collectives_op()  # in this environment's folder, under advpt's lock, as runs do
         os.environ.update(
             RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),

@@ -178,3 +178,33 @@ def test_a_build_asked_for_by_another_thread_takes_the_lock_too(tmp_path, monkey
     worker.join()
     assert built == [tmp_path / "op"]
     assert (tmp_path / "op.advpt-lock").exists()
+
+
+PROBE_BUILD = """
+import sys
+from torch.utils import cpp_extension
+from advpt.extensions import building
+with building("advpt_ninja_probe") as folder:
+    cpp_extension.load("advpt_ninja_probe", [sys.argv[1]], is_python_module=False)
+"""
+
+
+def test_every_build_of_an_environment_runs_its_own_ninja(tmp_path):
+    """Ninja 1.12 changed how ``.ninja_log`` hashes a command: a Debian ninja 1.11 and pip's
+    1.13 each take the other's build for another command's and build again, in turn. Processes
+    with and without the environment's ``bin`` on ``PATH`` (as the test suite's are) still run
+    one ninja, the environment's, so the op compiles once."""
+    scripts = Path(sysconfig.get_path("scripts"))
+    assert (scripts / "ninja").is_file(), "DeepSpeed requires pip's ninja"
+    source = tmp_path / "probe.cpp"
+    source.write_text('extern "C" int advpt_ninja_probe() { return 1; }\n')
+    env = _env(TORCH_EXTENSIONS_DIR=str(tmp_path / "extensions"))
+    without = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if Path(p) != scripts)
+    for path in (without, f"{scripts}{os.pathsep}{without}", without):
+        done = subprocess.run(
+            [sys.executable, "-c", PROBE_BUILD, str(source)], cwd=REPO, env=env | {"PATH": path},
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+    log = (tmp_path / "extensions" / "advpt_ninja_probe" / ".ninja_log").read_text()
+    assert [line.split()[3] for line in log.splitlines()[1:]] == ["probe.o", "advpt_ninja_probe.so"]

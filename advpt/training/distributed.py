@@ -52,6 +52,17 @@ def _unlink_shared_buffer() -> None:
     (Path("/dev/shm") / name).unlink(missing_ok=True)
 
 
+def build_collectives_op() -> bool:
+    """On the CPU, build (or load) DeepSpeed's shared-memory collectives op under advpt's lock
+    (:mod:`advpt.extensions`); whether there was one to build. DeepSpeed builds it inside
+    ``init_distributed``, where a dead build's lock would hold every later start for ever:
+    built here first, it loads from there."""
+    if get_accelerator().device_name() != "cpu" or not deepspeed.ops.__compatible_ops__.get(SHM_OP):
+        return False
+    load_deepspeed_op("ShareMemCommBuilder")
+    return True
+
+
 def init_distributed() -> torch.device:
     """Join the process group of the launcher that started this process (the deepspeed
     launcher, torchrun, srun or mpirun: :mod:`advpt.launch`), or make a group of one
@@ -67,10 +78,7 @@ def init_distributed() -> torch.device:
     backend = (
         "gloo" if accelerator.device_name() == "cpu" else accelerator.communication_backend_name()
     )
-    if accelerator.device_name() == "cpu" and deepspeed.ops.__compatible_ops__.get(SHM_OP):
-        # DeepSpeed builds it inside init_distributed, where a dead build's lock would hold
-        # every later start for ever (advpt.extensions): built here first, it loads from there.
-        load_deepspeed_op("ShareMemCommBuilder")
+    build_collectives_op()
     try:
         deepspeed.init_distributed(dist_backend=backend)
     except dist.DistNetworkError as exc:
