@@ -41,7 +41,7 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
-from advpt.environment import environment
+from advpt.environment import describe, environment
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.hf_esm import hf_config, hf_state
 from advpt.models.tape import save_tape
@@ -268,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     print(
         f"{args.preset}, batch {args.batch} x {args.length} tokens, masking {args.masking_rate}, "
-        f"{args.dtype}, {result['device_name']}, {result['threads']} threads, {args.clock} clock, "
-        f"matmul peak {peak_tflops:.4g} TFLOP/s"
+        f"{args.dtype}, {args.clock} clock, matmul peak {peak_tflops:.4g} TFLOP/s, on "
+        f"{describe(result['environment'])}"
     )
     # The eager pair, then the compiled pair (which compiles first): each pair in turns, and
     # the results written after each, so that a run stopped while compiling keeps the first.

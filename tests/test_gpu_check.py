@@ -32,9 +32,11 @@ RESULTS = {"gpu_check.json", "gpu_check.md", "gpu_check.log"}
 def gpu_check(
     *args: str, env: dict[str, str] | None = None, timeout: float = 900
 ) -> subprocess.CompletedProcess:
+    """The script, its steps run by this interpreter (``PYTHON``), whatever ``PATH`` holds."""
+    env = (env or child_env()) | {"PYTHON": sys.executable}
     return subprocess.run(
-        ["bash", str(SCRIPT), *args], cwd=REPO, env=env or child_env(), capture_output=True,
-        text=True, timeout=timeout,
+        ["bash", str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=timeout,
     )  # fmt: skip
 
 
