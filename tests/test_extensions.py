@@ -200,6 +200,7 @@ def test_every_build_of_an_environment_runs_its_own_ninja(tmp_path):
     source.write_text('extern "C" int advpt_ninja_probe() { return 1; }\n')
     env = _env(TORCH_EXTENSIONS_DIR=str(tmp_path / "extensions"))
     without = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if Path(p) != scripts)
+    # pip's ninja takes over the log Debian's wrote; Debian's, after it, built the op again
     for path in (without, f"{scripts}{os.pathsep}{without}", without):
         done = subprocess.run(
             [sys.executable, "-c", PROBE_BUILD, str(source)], cwd=REPO, env=env | {"PATH": path},
