@@ -4,6 +4,7 @@ break its row."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 
@@ -21,6 +22,11 @@ def table(
             raise ValueError(f"row {number} has {len(row)} cells for {width} columns: {row}")
         lines.append(_row(row))
     return "\n".join(lines)
+
+
+def number_cell(x: float) -> str:
+    """A score in a table: three decimals, "-" where there is none (NaN)."""
+    return "-" if math.isnan(x) else f"{x:.3f}"
 
 
 def _row(cells: Sequence[object]) -> str:

@@ -1,8 +1,10 @@
 """advpt.markdown.table, the one writer of every Markdown table advpt and its scripts print."""
 
+import math
+
 import pytest
 
-from advpt.markdown import table
+from advpt.markdown import number_cell, table
 
 
 def test_a_table_its_rule_and_right_aligned_number_columns():
@@ -26,3 +28,7 @@ def test_a_cell_cannot_break_its_row():
 def test_a_row_of_the_wrong_width_is_refused():
     with pytest.raises(ValueError, match="row 1 has 1 cells for 2 columns"):
         table(["a", "b"], [[1, 2], [3]])
+
+
+def test_a_score_cell_has_three_decimals_and_a_dash_for_none():
+    assert [number_cell(x) for x in (0.12345, -1.0, math.nan)] == ["0.123", "-1.000", "-"]

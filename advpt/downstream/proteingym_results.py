@@ -19,7 +19,7 @@ from advpt.downstream.proteingym_run import SCORES, TASK, Benchmark, Scored
 from advpt.downstream.suite import Subject
 from advpt.errors import WRITE_ERRORS, cannot_write
 from advpt.inference import atomic_output
-from advpt.markdown import table
+from advpt.markdown import number_cell, table
 
 
 def summaries(results: list[Scored], names: list[str], seed: int) -> dict[str, Summary]:
@@ -103,10 +103,6 @@ def as_json(
     }
 
 
-def _cell(x: float, digits: int = 3) -> str:
-    return "-" if math.isnan(x) else f"{x:.{digits}f}"
-
-
 def markdown(
     results: list[Scored], names: list[str], kinds: list[str], summary: dict[str, Summary]
 ) -> str:
@@ -129,7 +125,7 @@ def markdown(
                     name,
                     kind,
                     *(
-                        f"{_cell(s.average[i])} ± {_cell(s.standard_error[i])}"
+                        f"{number_cell(s.average[i])} ± {number_cell(s.standard_error[i])}"
                         for s in summary.values()
                     ),
                 ]
@@ -146,7 +142,7 @@ def markdown(
         table(
             ["subject", *spearman.by_type],
             [
-                [name, *(_cell(v[i]) for v in spearman.by_type.values())]
+                [name, *(number_cell(v[i]) for v in spearman.by_type.values())]
                 for i, name in enumerate(names)
             ],
             numbers_from=1,
@@ -159,7 +155,7 @@ def markdown(
                 r.data.assay.uniprot_id,
                 r.data.assay.selection_type,
                 f"{r.data.rows:,}",
-                *(_cell(r.metrics[n][metric]) for n in names),
+                *(number_cell(r.metrics[n][metric]) for n in names),
             ]
             for r in results
         ]

@@ -10,7 +10,7 @@ from typing import Any
 from advpt.downstream.suite import Subject
 from advpt.errors import WRITE_ERRORS, cannot_write
 from advpt.inference import atomic_output
-from advpt.markdown import table
+from advpt.markdown import number_cell, table
 
 RHO = "Spearman's rho of"
 COLUMNS = (
@@ -46,7 +46,8 @@ def value(subject: Subject, task: str, key: str) -> float:
 def markdown_table(subjects: list[Subject]) -> str:
     shown = columns(subjects)
     rows = [
-        [s.name, s.kind, *(_cell(value(s, task, key)) for task, key, *_ in shown)] for s in subjects
+        [s.name, s.kind, *(number_cell(value(s, task, key)) for task, key, *_ in shown)]
+        for s in subjects
     ]
     lines = [
         table(["subject", "kind", *(c[2] for c in shown)], rows, numbers_from=2),
@@ -54,10 +55,6 @@ def markdown_table(subjects: list[Subject]) -> str:
         *(f"- {heading}: {metric}" for _, _, heading, metric in shown),
     ]
     return "\n".join(lines) + "\n"
-
-
-def _cell(x: float) -> str:
-    return "-" if math.isnan(x) else f"{x:.3f}"
 
 
 def plot(subjects: list[Subject], path: Path) -> bool:

@@ -4,7 +4,6 @@ and the tables of the held-out scores and of the downstream suite."""
 from __future__ import annotations
 
 import datetime
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from advpt.config.evaluate import EvaluateConfig
 from advpt.config.pretrain import OptimConfig
 from advpt.data.bundled import BUNDLED_PROTEOME
 from advpt.downstream.suite import LOCAL_CONTEXT, LOCAL_WINDOW
-from advpt.markdown import table
+from advpt.markdown import number_cell, table
 from advpt.study.arms import ARMS, BASELINE, HEURISTICS, JUDGE_SEED, SCORE_RATE, named
 from advpt.study.results import Results
 from advpt.study.sizes import Size
@@ -276,16 +275,11 @@ def suite_rows(downstream: Downstream, arms: list[str], at: str) -> list[list[st
 BASELINE_NAMES = {LOCAL_CONTEXT: f"{LOCAL_CONTEXT}: one-hot ±{LOCAL_WINDOW} window; residue pairs"}
 
 
-def number(x: float) -> str:
-    """A baseline's cell: "-" for a task it is not scored on."""
-    return "-" if math.isnan(x) else f"{x:.3f}"
-
-
 def baseline_rows(downstream: Downstream) -> list[list[str]]:
-    """The baselines' rows, and the paper's Table 2 for scale."""
+    """The baselines' rows ("-" where one is not scored), and the paper's Table 2 for scale."""
     columns = [c.column for c in downstream.columns]
     rows = [
-        [BASELINE_NAMES.get(kind, kind), *(number(column_value(scores, c)) for c in columns)]
+        [BASELINE_NAMES.get(kind, kind), *(number_cell(column_value(scores, c)) for c in columns)]
         for kind, scores in downstream.baselines.items()
     ]
     paper = [PAPER_TABLE_2.get(c[:2], "-") for c in columns]
