@@ -13,6 +13,12 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 _CACHE = tempfile.mkdtemp(prefix="advpt-test-data-")
 os.environ["ADVPT_DATA_CACHE"] = _CACHE
 atexit.register(shutil.rmtree, _CACHE, True)
+# One folder for the whole test run, shared by its pytest-xdist workers (their controller makes
+# it, before it starts them, and removes it at the end): what every worker would otherwise
+# prepare alike, made once (``shared_by_workers``).
+if "ADVPT_TEST_RUN_FOLDER" not in os.environ:
+    os.environ["ADVPT_TEST_RUN_FOLDER"] = tempfile.mkdtemp(prefix="advpt-test-run-")
+    atexit.register(shutil.rmtree, os.environ["ADVPT_TEST_RUN_FOLDER"], True)
 
 import pytest  # noqa: E402
 

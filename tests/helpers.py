@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import functools
 import importlib
 import importlib.util
@@ -122,6 +123,18 @@ def _mlflow_hidden() -> str:
     (folder / "mlflow" / "__init__.py").write_text("raise ImportError('hidden from child jobs')\n")
     atexit.register(shutil.rmtree, folder, True)
     return str(folder)
+
+
+@contextlib.contextmanager
+def shared_by_workers(name: str):
+    """The folder ``name`` of this test run's folder, shared by its pytest-xdist workers
+    (``tests/conftest.py``), held under an exclusive lock while the ``with`` block makes or
+    finds what is in it: the first worker there makes it, the others wait and find it made."""
+    folder = Path(os.environ["ADVPT_TEST_RUN_FOLDER"]) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder.with_name(f"{name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield folder
 
 
 def child_env() -> dict[str, str]:

@@ -25,7 +25,7 @@ from advpt.evaluate import main
 from advpt.inference import pad
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.exports import save_export
-from tests.helpers import save_tiny_esm
+from tests.helpers import save_tiny_esm, shared_by_workers
 
 LIMIT = 300  # chains and proteins of each source in the tests' prepared data
 SMALL = [
@@ -150,12 +150,13 @@ def test_clusters_go_whole_to_one_side_in_the_asked_shares():
 
 
 @pytest.fixture(scope="session")
-def eval_cache(tmp_path_factory):
-    """The suite's data prepared once per session from the first LIMIT chains and proteins."""
+def eval_cache():
+    """The suite's data prepared once per test run (by the first worker that needs it) from the
+    first LIMIT chains and proteins; tests copy what they change."""
     if not STRUCTURE_DB.exists() or shutil.which("mmseqs") is None:
         pytest.skip("the suite's Debian packages are not installed (bash scripts/setup_eval.sh)")
-    cache = tmp_path_factory.mktemp("eval-cache")
-    eval_data.ensure(str(cache), LIMIT)
+    with shared_by_workers("eval-cache") as cache:
+        eval_data.ensure(str(cache), LIMIT)
     return cache
 
 
