@@ -1,9 +1,11 @@
 """Resuming on another number of ranks: 2 -> 1 -> 2 ranks at ZeRO 0 and 2, real launcher runs.
 
-The reference is an uninterrupted 2-rank run. Its global batch of 16 is micro-batch 8 x 1
-accumulation step x 2 ranks, and grows to 32 (8 x 2 x 2) after half the run; resumed on one rank it
-is 8 x 2 x 1, then 8 x 4 x 1. Each layout sums the same sequences' gradients, in another order: 2
-ranks all-reduce their per-rank means, one rank adds its micro-batch means in turn. fp32 addition is
+The run's global batch of 16 is micro-batch 8 x 1 accumulation step x 2 ranks, and grows to 32
+(8 x 2 x 2) after half the run; resumed on one rank it is 8 x 2 x 1, then 8 x 4 x 1. Each layout
+sums the same sequences' gradients, in another order: 2 ranks all-reduce their per-rank means, one
+rank adds its micro-batch means in turn. The reference, an uninterrupted run of the same config, is
+therefore trained on one rank, in the test process (a launch of two ranks costs four fresh
+interpreters). fp32 addition is
 not associative, so the weights may differ by a few ulps per step and the losses by about 1e-7
 relative; 1e-5 relative leaves room for that over a few steps and is far below what a repeated or
 skipped micro-batch, a lost Adam moment or a reset LR schedule changes (1e-2 and more here). The
@@ -21,7 +23,7 @@ import pytest
 import torch
 
 from advpt.training.checkpointing.consolidate import load_encoder
-from tests.helpers import launch, read_metrics, run_module, write_ds_config
+from tests.helpers import launch, read_metrics, run_in_process, run_module, write_ds_config
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +62,7 @@ def test_two_ranks_to_one_to_two_trains_as_an_uninterrupted_run(tmp_path, distri
     two ranks is also loaded into one in this process (a copy of the run directory): into a
     trainer, whose optimizer state is compared with the saved one, and as an fp32 encoder."""
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    _ok(launch(_args(tmp_path, whole, stage)))
+    _ok(run_in_process(_args(tmp_path, whole, stage)))
     _ok(launch([*_args(tmp_path, parts, stage), "--stop_after_steps", "2"]))
     if stage == 2:
         resharded = Path(shutil.copytree(parts, tmp_path / "resharded"))
