@@ -47,6 +47,7 @@ def varied_fasta(path):
 
 def trainers(tmp_path, encoder: str):
     """An eager and a compiled trainer from one seed (transformer noiser, varied lengths)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     data = varied_fasta(tmp_path / "varied.fasta")
     flags = [
         "--encoder", encoder, "--noiser_arch", "transformer", "--data", str(data),
