@@ -5,12 +5,11 @@ The run's global batch of 16 is micro-batch 8 x 1 accumulation step x 2 ranks, a
 sums the same sequences' gradients, in another order: 2 ranks all-reduce their per-rank means, one
 rank adds its micro-batch means in turn. The reference, an uninterrupted run of the same config, is
 therefore trained on one rank, in the test process (a launch of two ranks costs four fresh
-interpreters). fp32 addition is
-not associative, so the weights may differ by a few ulps per step and the losses by about 1e-7
-relative; 1e-5 relative leaves room for that over a few steps and is far below what a repeated or
-skipped micro-batch, a lost Adam moment or a reset LR schedule changes (1e-2 and more here). The
-tiny ESM-2 preset has no dropout, and random masking is seeded by the global micro-batch number, so
-no other randomness depends on the ranks.
+interpreters). fp32 addition is not associative, so the weights may differ by a few ulps per step
+and the losses by about 1e-7 relative; 1e-5 relative leaves room for that over a few steps and is
+far below what a repeated or skipped micro-batch, a lost Adam moment or a reset LR schedule changes
+(1e-2 and more here). The tiny ESM-2 preset has no dropout, and random masking is seeded by the
+global micro-batch number, so no other randomness depends on the ranks.
 """
 
 from __future__ import annotations
