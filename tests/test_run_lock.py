@@ -157,12 +157,15 @@ def _train(args: list[str]) -> subprocess.Popen:
 
 
 def _holding(job: subprocess.Popen, run_dir: Path) -> dict:
-    """Wait until ``job`` holds the lock of ``run_dir`` and has logged a step; its lock file."""
+    """Wait until ``job`` holds the lock of ``run_dir`` and has logged a step, then pause it
+    (SIGSTOP, as a suspended job is): paused, it holds its lock as it does running, and spends
+    none of the CPU the starts it refuses need; its lock file."""
     deadline = time.time() + 300
     while time.time() < deadline:
         assert job.poll() is None, f"the first run ended early:\n{job.stdout.read()[-3000:]}"
         lock, metrics = run_dir / LOCK_FILE, run_dir / "metrics.jsonl"
         if lock.exists() and metrics.exists() and metrics.read_text().strip():
+            job.send_signal(signal.SIGSTOP)
             return json.loads(lock.read_text())
         time.sleep(0.1)
     raise AssertionError("the first run never started training")
@@ -181,10 +184,12 @@ def _refused(job: subprocess.Popen, run_dir: Path, holder: dict) -> None:
 
 
 def _finishes_intact(job: subprocess.Popen, run_dir: Path, holder: dict) -> None:
-    """The first run was still running when the others were refused, still holds its lock, and
-    stopped now (SIGTERM) ends as a stopped run does, having written each logged step once."""
+    """The first run was still alive when the others were refused, still holds its lock, and,
+    resumed (SIGCONT) and stopped (SIGTERM), ends as a stopped run does, having written each
+    logged step once."""
     assert job.poll() is None, "the first run ended before the others were refused"
     assert json.loads((run_dir / LOCK_FILE).read_text()) == holder
+    job.send_signal(signal.SIGCONT)
     job.send_signal(signal.SIGTERM)
     output, _ = job.communicate(timeout=300)
     assert job.returncode == 75, output[-3000:]
