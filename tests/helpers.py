@@ -229,6 +229,45 @@ def launch(
     )  # fmt: skip
 
 
+@starts_ranks
+def launch_as_torchrun(
+    args: list[str], ranks: int = 2, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """Run ``python -m advpt.train ARGS`` as ``ranks`` processes with the environment torchrun
+    gives its workers, and wait for them: a job of as many ranks as :func:`launch` starts, with
+    no launcher process (two fewer fresh interpreters), for tests of what the ranks do rather
+    than of the launcher. The ranks' outputs joined in rank order; the first non-zero exit."""
+    job = {"WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        # files, not pipes: a rank blocked on a full pipe would hold up the others' collectives
+        def log():
+            return stack.enter_context(tempfile.TemporaryFile("w+"))
+
+        logs = [(log(), log()) for _ in range(ranks)]  # each rank's stdout and stderr
+        processes = [
+            subprocess.Popen(
+                [sys.executable, "-m", "advpt.train", *args],
+                cwd=REPO,
+                stdout=out,
+                stderr=err,
+                env=child_env() | job | {"RANK": str(rank), "LOCAL_RANK": str(rank)},
+                text=True,
+            )
+            for rank, (out, err) in enumerate(logs)
+        ]
+        stack.callback(lambda: [process.kill() for process in processes])
+        codes = [process.wait(timeout=timeout) for process in processes]
+        stdout, stderr = ("".join(_text(pair[i]) for pair in logs) for i in (0, 1))
+    code = next((code for code in codes if code), 0)
+    return subprocess.CompletedProcess(processes[0].args, code, stdout, stderr)
+
+
+def _text(file: io.TextIOBase) -> str:
+    file.seek(0)
+    return file.read()
+
+
 def without_wall_clock(records: list[dict]) -> list[dict]:
     """Logged rows without what depends on the wall clock: what a resumed run must reproduce."""
     from advpt.training.reporting.monitor import WALL_CLOCK_KEYS

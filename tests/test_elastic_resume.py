@@ -1,11 +1,13 @@
-"""Resuming on another number of ranks: 2 -> 1 -> 2 ranks at ZeRO 0 and 2, real launcher runs.
+"""Resuming on another number of ranks: 2 -> 1 -> 2 ranks at ZeRO 0 and 2, real rank processes
+(started with the environment torchrun gives its workers: the launcher is not what is tested
+here, and the deepspeed launcher would add two fresh interpreters to each part).
 
 The run's global batch of 16 is micro-batch 8 x 1 accumulation step x 2 ranks, and grows to 32
 (8 x 2 x 2) after half the run; resumed on one rank it is 8 x 2 x 1, then 8 x 4 x 1. Each layout
 sums the same sequences' gradients, in another order: 2 ranks all-reduce their per-rank means, one
 rank adds its micro-batch means in turn. The reference, an uninterrupted run of the same config, is
-therefore trained on one rank, in the test process (a launch of two ranks costs four fresh
-interpreters). fp32 addition is not associative, so the weights may differ by a few ulps per step
+therefore trained on one rank, in the test process (two ranks would be two fresh interpreters
+more). fp32 addition is not associative, so the weights may differ by a few ulps per step
 and the losses by about 1e-7 relative; 1e-5 relative leaves room for that over a few steps and is
 far below what a repeated or skipped micro-batch, a lost Adam moment or a reset LR schedule changes
 (1e-2 and more here). The tiny ESM-2 preset has no dropout, and random masking is seeded by the
@@ -22,7 +24,13 @@ import pytest
 import torch
 
 from advpt.training.checkpointing.consolidate import load_encoder
-from tests.helpers import launch, read_metrics, run_in_process, run_module, write_ds_config
+from tests.helpers import (
+    launch_as_torchrun,
+    read_metrics,
+    run_in_process,
+    run_module,
+    write_ds_config,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +70,7 @@ def test_two_ranks_to_one_to_two_trains_as_an_uninterrupted_run(tmp_path, distri
     trainer, whose optimizer state is compared with the saved one, and as an fp32 encoder."""
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     _ok(run_in_process(_args(tmp_path, whole, stage)))
-    _ok(launch([*_args(tmp_path, parts, stage), "--stop_after_steps", "2"]))
+    _ok(launch_as_torchrun([*_args(tmp_path, parts, stage), "--stop_after_steps", "2"]))
     if stage == 2:
         resharded = Path(shutil.copytree(parts, tmp_path / "resharded"))
         _optimizer_state_resharded_onto_one_rank_equals_the_saved_one(tmp_path, resharded)
@@ -72,7 +80,7 @@ def test_two_ranks_to_one_to_two_trains_as_an_uninterrupted_run(tmp_path, distri
         "resumed with another batch layout than the checkpoint's: ranks 2 -> 1, micro-batch 8 "
         "(unchanged), accumulation 1 -> 2, global batch 16 (unchanged)"
     ) in one.stdout + one.stderr
-    _ok(launch([*_args(tmp_path, parts, stage), "--resume"]))
+    _ok(launch_as_torchrun([*_args(tmp_path, parts, stage), "--resume"]))
     assert json.loads((parts / "config.json").read_text())["run"]["resume"] is True
 
     expected, resumed = _losses(whole), _losses(parts)

@@ -11,7 +11,7 @@ from advpt.models import MaskedLanguageModel
 from advpt.models.encoder import EncoderConfig
 from advpt.tokenizer import TAPE
 from advpt.training.schedule import ENCODER, NOISER
-from tests.helpers import build_tiny_trainer, launch, read_metrics, tiny_run_args
+from tests.helpers import build_tiny_trainer, launch_as_torchrun, read_metrics, tiny_run_args
 
 
 def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -119,9 +119,9 @@ def test_two_rank_zero_3_run_with_batch_growth_stops_and_resumes(tmp_path):
         "--eval_every", "4", "--checkpoint_every", "2", "--batch_growth_at", "0.5",
         "--num_workers", "0",
     ]  # fmt: skip
-    first = launch(args + ["--stop_after_steps", "2"])
+    first = launch_as_torchrun(args + ["--stop_after_steps", "2"])
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
-    second = launch(args + ["--resume"])
+    second = launch_as_torchrun(args + ["--resume"])
     assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
     records = [r for r in read_metrics(run_dir) if "encoder_loss" in r]
     assert [r["encoder_step"] for r in records] == [1, 2, 3, 4]
