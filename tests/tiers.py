@@ -3,7 +3,7 @@ code, ``--fast``, and the slowest tiers run first.
 
 A test is marked ``process`` when its own code, the test helpers it calls, its fixtures or its
 parameters reach ``subprocess`` or a helper marked :func:`starts_process`, and ``multirank`` (as
-well) when they reach one marked :func:`starts_ranks` (the deepspeed launcher). The marks are
+well) when they reach one marked :func:`starts_ranks` (several ranks of one job). The marks are
 read off the code at collection, so a new test that starts a process lands in its tier without
 a decorator to remember. ``--fast`` runs the tests marked none of ``slow``, ``process`` and
 ``multirank``, and fails any of them whose call uses over ``--fast_limit`` seconds of CPU
@@ -37,7 +37,8 @@ def starts_process(helper):
 
 
 def starts_ranks(helper):
-    """Mark a test helper or fixture as starting ranks through the deepspeed launcher."""
+    """Mark a test helper or fixture as starting several ranks of one job (through the deepspeed
+    launcher, or as torchrun starts its workers)."""
     helper.tier_marks = frozenset({PROCESS, MULTIRANK})
     return helper
 
