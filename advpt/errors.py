@@ -44,11 +44,17 @@ class OutputError(ValueError):
 WRITE_ERRORS = (OSError, SafetensorError)
 
 
-def cannot_write(err: Exception, path: str | os.PathLike) -> OutputError:
+def cannot_write(
+    err: Exception, path: str | os.PathLike, staging: str | os.PathLike | None = None
+) -> OutputError:
     """One sentence for a failed write (one of :data:`WRITE_ERRORS`): the file the OS names,
-    else ``path``, and the reason (safetensors' ``I/O error: <reason> (os error N)`` too)."""
+    else ``path``, and the reason (safetensors' ``I/O error: <reason> (os error N)`` too). A
+    ``staging`` file written for ``path`` is named as ``path``."""
     if isinstance(err, OSError):
-        return OutputError(f"cannot write {err.filename or path}: {err.strerror or err}")
+        named = err.filename or path
+        if staging is not None and str(named) == str(staging):
+            named = path
+        return OutputError(f"cannot write {named}: {err.strerror or err}")
     found = re.search(r"I/O error: (.*?) \(os error \d+\)", str(err))
     return OutputError(f"cannot write {path}: {found.group(1) if found else first_line(err)}")
 

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             gym = open_benchmark(config.proteingym, config.proteingym_reference, config.assays)
         subjects = subjects_of(config, device)
         if gym is not None:
-            scored = proteingym_run.run(gym, subjects, out, config.tokens_per_batch, print)
+            scored = proteingym_run.run(gym, subjects, out, config, print)
         else:
             sources = (config.structure_db, config.swissprot, config.scans)
             inputs = Inputs(config, eval_data.ensure(config.cache, config.data_limit, *sources))

@@ -296,3 +296,18 @@ def test_trainer_states_of_older_formats_are_read_as_todays():
         AlternatingSchedule().load_state_dict(state["schedule"])
     today = {"counters": {"micro_batches": 6}, "schedule": {"phase": "noiser"}, "layout": {}}
     assert migrate(today, saved_world_size=2) == today
+
+
+def test_a_latest_marker_naming_a_path_is_not_followed_out_of_the_run(saved, tmp_path):
+    from advpt.training.checkpointing.consolidate import load_encoder
+
+    run_dir = Path(shutil.copytree(saved.run_dir, tmp_path / "run"))
+    outside = tmp_path / "manifest"  # what checkpoints/manifest/../../manifest.json would be
+    outside.mkdir()
+    (outside / "x.json").write_text("{}")
+    (run_dir / "checkpoints" / "latest").write_text("../../x")
+    with pytest.raises(CheckpointError) as caught:
+        load_encoder(run_dir)
+    assert (
+        str(caught.value) == f"{run_dir / 'checkpoints' / 'latest'} names no checkpoint ('../../x')"
+    )

@@ -9,8 +9,11 @@ import csv
 import json
 import math
 import os
+import resource
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -39,7 +42,7 @@ from advpt.models.exports import save_export
 from advpt.score import main as score_main
 from advpt.scoring import window_start
 from advpt.tokenizer import STANDARD_RESIDUES
-from tests.helpers import load_script, start_module, wait_until
+from tests.helpers import REPO, child_env, load_script, start_module, wait_until
 
 LIMIT = 400  # variants per scan in the test folder
 LONG = "SYNTH_LONG_Handmade_2026"  # the hand-made assay on a protein longer than tiny's 1,024
@@ -86,8 +89,23 @@ def test_top_recall_counts_the_top_tenth_by_percentile():
     assert top_recall(measured, -measured) == 0.0
 
 
+def test_top_recall_counts_strictly_above_the_percentile_on_both_sides_as_proteingym():
+    # Tied scores, as the context-free floor's always are: of 40 variants, the scores' 90th
+    # percentile is 3.0, which 8 of them reach and none exceeds but the 2 at 4.0.
+    measured = np.arange(40.0)  # above its 90th percentile (35.1): 36 .. 39
+    scores = np.zeros(40)
+    scores[30:38] = 3.0
+    scores[[36, 12]] = 4.0
+    assert np.percentile(scores, 90) == 3.0
+    assert top_recall(measured, scores) == 0.25  # 36 picked; 12 picked but not in the top
+    # ties in the measurements too: 6 of 40 at the maximum, the 90th percentile is that maximum
+    tied = np.minimum(measured, 34.0)
+    assert np.percentile(tied, 90) == 34.0
+    assert top_recall(tied, scores) == 0.0  # none above: 0, not 0 / 0
+
+
 @pytest.mark.filterwarnings("ignore:An input array is constant")
-def test_constant_scores_give_nan_rho_half_auc_zero_mcc_and_full_recall():
+def test_constant_scores_give_nan_rho_half_auc_zero_mcc_and_no_recall():
     rng = np.random.default_rng(2)
     measured = rng.normal(size=100)
     bins = (measured > 0).astype(np.int8)
@@ -96,7 +114,7 @@ def test_constant_scores_give_nan_rho_half_auc_zero_mcc_and_full_recall():
     assert math.isnan(got["Spearman"]) and math.isnan(spearmanr(measured, scores)[0])
     assert got["AUC"] == roc_auc_score(bins, scores) == 0.5
     assert got["MCC"] == matthews_corrcoef(bins, np.ones(100, int)) == 0.0
-    assert got["Top_recall"] == 1.0  # every score is at its 90th percentile
+    assert got["Top_recall"] == 0.0  # no score is above its 90th percentile
     assert 0.0 <= got["NDCG"] <= 1.0
     assert math.isnan(auc(np.ones(100, np.int8), measured))  # one class: AUC undefined
 
@@ -332,6 +350,7 @@ def test_a_run_without_results_continues_from_its_scoring_files(finished, model,
     shutil.copytree(finished[0], out)
     (out / "results.json").unlink()
     (out / "scores" / f"{LONG}.csv").unlink()
+    (out / "scores" / f"{LONG}.columns.json").unlink()
     kept = {p.name: p.stat().st_mtime_ns for p in (out / "scores").iterdir()}
     assert benchmark(model, gym, out) == 0
     assert {
@@ -359,7 +378,31 @@ def test_a_missing_column_is_scored_and_the_columns_of_other_subjects_stay(
     assert [r["an earlier model"] for r in again] == [r[str(model)] for r in rows]
 
 
-def test_a_scoring_file_of_other_variants_is_one_sentence(finished, model, gym, tmp_path, capsys):
+def test_a_row_without_a_trailing_optional_column_keeps_its_scores_in_their_columns(
+    model, gym, tmp_path, capsys
+):
+    folder = tmp_path / "gym"
+    shutil.copytree(gym, folder)
+    assay = folder / f"{LONG}.csv"
+    lines = assay.read_text().splitlines()
+    lines = [lines[0] + ",note", *(f"{line},checked" for line in lines[1:])]
+    lines[3] = lines[3].removesuffix(",checked")  # the third variant leaves `note` out
+    assay.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    flags = ("--assays", LONG)
+    assert benchmark(model, folder, out, *flags) == 0
+    rows = read_rows(out / "scores" / f"{LONG}.csv")
+    assert [r["note"] for r in rows[1:4]] == ["checked", "", "checked"]
+    assert all(math.isfinite(float(r[name])) for r in rows for name in [*SUBJECTS, str(model)])
+    (out / "results.json").unlink()
+    capsys.readouterr()
+    assert benchmark(model, folder, out, *flags) == 0  # read back whole, nothing scored again
+    assert "read back" in capsys.readouterr().out
+
+
+def test_a_scoring_file_of_other_variants_is_one_sentence_and_overwrite_scores_it_again(
+    finished, model, gym, tmp_path, capsys
+):
     out = tmp_path / "out"
     shutil.copytree(finished[0], out)
     (out / "results.json").unlink()
@@ -372,6 +415,81 @@ def test_a_scoring_file_of_other_variants_is_one_sentence(finished, model, gym, 
         f"advpt: error: scoring file {scoring} holds other variants than assay file "
         f"{gym / (LONG + '.csv')}; remove it (or pass --overwrite) to score the assay again"
     )
+    assert benchmark(model, gym, out, "--overwrite") == 0  # the advice works
+    assert read_rows(scoring) == rows
+    assert json.loads((out / "results.json").read_text())["assays"] == finished[1]["assays"]
+
+
+RANDOM = SUBJECTS[1]
+
+
+def test_a_resume_with_another_seed_scores_the_random_encoder_again_and_mixes_nothing(
+    finished, model, gym, tmp_path, capsys
+):
+    # a stopped seed-0 run resumed with --seed 1: the random encoder's column is seed 0's, and
+    # was reused under a results.json that said seed 1
+    flags = ("--assays", "A4_HUMAN_*,SPG1_STRSG_Nisthal*", "--seed", "1")
+    resumed = tmp_path / "resumed"
+    shutil.copytree(finished[0], resumed)
+    (resumed / "results.json").unlink()
+    capsys.readouterr()
+    assert benchmark(model, gym, resumed, *flags) == 0
+    said = capsys.readouterr().out
+    assert f"scoring {RANDOM} again where its columns were made otherwise: seed 0, now 1; weights " in said
+    assert said.count("again where") == 1  # the model and the context-free floor are kept
+    clean = tmp_path / "clean"
+    assert benchmark(model, gym, clean, *flags) == 0
+    for dms_id in ("A4_HUMAN_Seuma_2021_mavenn", "SPG1_STRSG_Nisthal_2019_mavenn"):
+        got, expected = (read_rows(o / "scores" / f"{dms_id}.csv") for o in (resumed, clean))
+        assert [r[RANDOM] for r in got] == [r[RANDOM] for r in expected]
+        before = read_rows(finished[0] / "scores" / f"{dms_id}.csv")
+        assert [r[RANDOM] for r in got] != [r[RANDOM] for r in before]
+    results = [json.loads((o / "results.json").read_text()) for o in (resumed, clean)]
+    assert results[0]["assays"] == results[1]["assays"]
+    assert results[0]["summary"] == results[1]["summary"]
+
+
+def test_a_column_edited_since_it_was_written_is_scored_again(finished, model, gym, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(finished[0], out)
+    (out / "results.json").unlink()
+    scoring = out / "scores" / f"{LONG}.csv"
+    rows = read_rows(scoring)
+    edited = [r | {str(model): "0.5"} for r in rows]
+    write_rows(scoring, list(rows[0]), [r.values() for r in edited])
+    assert benchmark(model, gym, out, "--assays", LONG) == 0
+    assert read_rows(scoring) == rows
+
+
+@pytest.mark.process
+def test_results_that_cannot_all_be_written_leave_none_and_name_the_file(
+    finished, model, gym, tmp_path
+):
+    # every assay scored, the results to write: under a 20 kB file-size limit results.json
+    # (12 kB) and results.md fit, results.png (40 kB) does not
+    out = tmp_path / "out"
+    shutil.copytree(finished[0], out)
+    for name in ("results.json", "results.md", "results.png"):
+        (out / name).unlink()
+    scores = {p.name: p.read_bytes() for p in (out / "scores").iterdir()}
+    limit = 20_000
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    command = [sys.executable, "-m", "advpt.evaluate", str(model), "--proteingym", str(gym)]
+    command += ["--out", str(out)]
+    job = subprocess.run(
+        command, cwd=REPO, env=child_env(), capture_output=True, text=True, preexec_fn=limited
+    )
+    assert job.returncode == 2, job.stderr[-3000:]
+    assert job.stderr.strip().splitlines()[-1] == (
+        f"advpt: error: cannot write {out / 'results.png'}: File too large"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["scores"]  # nothing half, no staging file
+    assert {p.name: p.read_bytes() for p in (out / "scores").iterdir()} == scores
+    assert benchmark(model, gym, out) == 0  # the same command without the limit finishes
+    assert json.loads((out / "results.json").read_text())["summary"] == finished[1]["summary"]
 
 
 def test_assays_picks_by_id_and_pattern(finished, model, gym, tmp_path):
@@ -381,7 +499,7 @@ def test_assays_picks_by_id_and_pattern(finished, model, gym, tmp_path):
     assert [a["DMS_id"] for a in results["assays"]] == [
         "SPG1_STRSG_Olson_2014_mavenn", "SPG1_STRSG_Nisthal_2019_mavenn", LONG,
     ]  # fmt: skip
-    assert sorted(p.name for p in (out / "scores").iterdir()) == sorted(
+    assert sorted(p.name for p in (out / "scores").glob("*.csv")) == sorted(
         f"{a['DMS_id']}.csv" for a in results["assays"]
     )
     by_id = {a["DMS_id"]: a for a in finished[1]["assays"]}
@@ -422,7 +540,9 @@ def test_a_stop_keeps_the_finished_assays_and_the_same_command_continues(
         f"advpt: error: stopped by SIGTERM; the assays scored so far (1 in this run) are kept in "
         f"{out / 'scores'}, and the same command continues with the next"
     )
-    assert sorted(p.name for p in (out / "scores").iterdir()) == [first.name]
+    assert sorted(p.name for p in (out / "scores").iterdir()) == [
+        first.with_suffix(".columns.json").name, first.name,
+    ]  # fmt: skip
     assert not (out / "results.json").exists()
     kept = first.stat().st_mtime_ns
     (folder / f"{LONG}.csv").unlink()
@@ -519,6 +639,28 @@ def test_bad_input_is_one_sentence_naming_file_row_and_value(gym, model, tmp_pat
     out = tmp_path / "out"
     assert benchmark(model, folder, out) == 2
     assert capsys.readouterr().err.strip() == f"advpt: error: {message}"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("dms_id", ["../../precious", "../precious", ".precious", "/tmp/precious"])
+def test_a_dms_id_that_is_no_file_name_is_refused_and_nothing_is_written_outside_out(
+    gym, model, tmp_path, capsys, dms_id
+):
+    # scores/<DMS_id>.csv in --out: without the check, ../../precious is the user's file beside
+    # --out, which the run overwrote (and exited 0)
+    folder = tmp_path / "gym"
+    shutil.copytree(gym, folder)
+    edit_row(folder / "DMS_substitutions.csv", 5, "DMS_id", dms_id)
+    out = tmp_path / "out"
+    precious = tmp_path / "precious.csv"
+    precious.write_text("the user's own file\n")
+    assert benchmark(model, folder, out, "--assays", dms_id, "--baselines", "false") == 2
+    assert capsys.readouterr().err.strip() == (
+        f"advpt: error: ProteinGym reference file {folder / 'DMS_substitutions.csv'} line 5: "
+        f"DMS_id {dms_id!r} is no plain file name (letters, digits, '_', '-', '.' and '+', not "
+        "first '.'), which its scoring file scores/<DMS_id>.csv in --out needs"
+    )
+    assert precious.read_text() == "the user's own file\n"
     assert not out.exists()
 
 

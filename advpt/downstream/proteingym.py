@@ -14,6 +14,8 @@ ProteinGym (github.com/OATML-Markslab/ProteinGym) ships:
 
 :func:`read_reference` and :func:`read_assay` read them and check every row before any model
 runs: a bad row is one sentence naming the file, its line and the value (a ``DataError``).
+A ``DMS_id`` names its scoring file, so it must be a plain file name (:data:`SAFE_ID`): one such
+as ``../../x`` is refused, never written outside ``--out``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import csv
 import fnmatch
 import hashlib
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +38,9 @@ from advpt.tokenizer import IUPAC_LETTERS, STANDARD_RESIDUES
 REFERENCE_FILE = "DMS_substitutions.csv"
 REFERENCE_COLUMNS = ("DMS_id", "DMS_filename", "target_seq", "UniProt_ID", "coarse_selection_type")
 ASSAY_COLUMNS = ("mutant", "DMS_score", "DMS_score_bin")
+SAFE_ID = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]{0,199}")
+"""A ``DMS_id`` that names a file in ``scores/`` and nothing outside it (ProteinGym's ids are
+letters, digits, ``_`` and ``-``); 200 characters at most."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,12 @@ def read_reference(path: Path) -> list[Assay]:
             raise DataError(
                 f"{where}: target_seq of {assay.dms_id} has {assay.target_seq[bad]!r} at position "
                 f"{bad + 1}, which is no amino-acid letter"
+            )
+        if not SAFE_ID.fullmatch(assay.dms_id):
+            raise DataError(
+                f"{where}: DMS_id {shorten(assay.dms_id)} is no plain file name (letters, digits, "
+                "'_', '-', '.' and '+', not first '.'), which its scoring file "
+                "scores/<DMS_id>.csv in --out needs"
             )
         if assay.dms_id in assays:
             first = assays[assay.dms_id].line

@@ -14,8 +14,11 @@ NDCG       NDCG of the top ``k = floor(n / 10)`` variants by ``s``, with gains `
            the top ``k`` has a gain (``n < 10`` included). Ties in ``s`` take the order of
            NumPy's default ``argsort``, the call ProteinGym makes, so the same NumPy gives the
            same value.
-Top_recall the share of the variants with ``y`` at or above its 90th percentile (linear
-           interpolation) that also have ``s`` at or above its own; 0 where there are none
+Top_recall the share of the variants with ``y`` strictly above its 90th percentile (linear
+           interpolation) that also have ``s`` strictly above its own, as ProteinGym's
+           ``calc_toprecall`` counts; 0 where no ``y`` is above it (ProteinGym divides 0 by 0
+           there, which gives NaN). Scores that tie at their percentile are all left out:
+           the context-free subject's few hundred distinct scores pick fewer than 10%.
 ========== ===================================================================================
 
 Per-assay values are rounded to 3 decimals as pandas rounds (``numpy.round``: halves to even
@@ -101,9 +104,9 @@ def ndcg(measured: np.ndarray, scores: np.ndarray, top: int = TOP_PERCENT) -> fl
 
 def top_recall(measured: np.ndarray, scores: np.ndarray, top: int = TOP_PERCENT) -> float:
     """Share of the top ``top`` percent by ``measured`` ``[n]`` that is also in the top ``top``
-    percent by ``scores`` ``[n]`` (each cut at its percentile, ties included)."""
-    best = measured >= np.percentile(measured, 100 - top)
-    picked = scores >= np.percentile(scores, 100 - top)
+    percent by ``scores`` ``[n]``: each side strictly above its percentile (module docstring)."""
+    best = measured > np.percentile(measured, 100 - top)
+    picked = scores > np.percentile(scores, 100 - top)
     return float(np.sum(best & picked) / best.sum()) if best.sum() else 0.0
 
 

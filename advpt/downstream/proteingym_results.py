@@ -17,8 +17,7 @@ import numpy as np
 from advpt.downstream.proteingym_metrics import METRICS, Summary, summarise
 from advpt.downstream.proteingym_run import SCORES, TASK, Benchmark, Scored
 from advpt.downstream.suite import Subject
-from advpt.errors import WRITE_ERRORS, cannot_write
-from advpt.inference import atomic_output
+from advpt.inference import write_together
 from advpt.markdown import number_cell, table
 
 
@@ -185,9 +184,10 @@ def plot(names: list[str], summary: dict[str, Summary], path: Path) -> bool:
     fig.legend(handles, names, loc="lower center", ncol=min(3, len(names)), fontsize=8)
     fig.suptitle("ProteinGym zero-shot substitutions", fontsize=10)
     fig.tight_layout(rect=(0, 0.14, 1, 1))
-    with atomic_output(path) as staging:
-        fig.savefig(staging, dpi=110, format="png")
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return True
 
 
@@ -198,22 +198,20 @@ def write(
     results: list[Scored],
     subjects: list[Subject],
 ) -> tuple[list[Path], str]:
-    """``results.json``, ``results.md`` and ``results.png`` (with matplotlib) in ``out``; the
-    paths written and the Markdown."""
+    """``results.json``, ``results.md`` and ``results.png`` (with matplotlib) in ``out``, all or
+    none of them (:func:`~advpt.inference.write_together`); the paths written and the
+    Markdown."""
     names = list(results[0].scores)
     kinds = [next(s.kind for s in subjects if s.name == n) for n in names]
     summary = summaries(results, names, header["config"]["seed"])
     keep_scores(subjects, names, summary)
     text = markdown(results, names, kinds, summary)
-    document = as_json(header, benchmark, results, names, summary, subjects)
-    written = [out / "results.json", out / "results.md"]
-    try:
-        with atomic_output(written[0]) as staging:
-            staging.write_text(json.dumps(document, indent=2) + "\n")
-        with atomic_output(written[1]) as staging:
-            staging.write_text(text)
-        if plot(names, summary, out / "results.png"):
-            written.append(out / "results.png")
-    except WRITE_ERRORS as err:
-        raise cannot_write(err, out) from err
+    document = json.dumps(as_json(header, benchmark, results, names, summary, subjects), indent=2)
+    written = write_together(
+        {
+            out / "results.json": lambda path: path.write_text(document + "\n"),
+            out / "results.md": lambda path: path.write_text(text),
+            out / "results.png": lambda path: plot(names, summary, path),
+        }
+    )
     return written, text

@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from advpt.downstream.suite import Subject
-from advpt.errors import WRITE_ERRORS, cannot_write
-from advpt.inference import atomic_output
+from advpt.inference import write_together
 from advpt.markdown import number_cell, table
 
 RHO = "Spearman's rho of"
@@ -81,9 +80,10 @@ def plot(subjects: list[Subject], path: Path) -> bool:
     names = [s.name for s in subjects]
     fig.legend(handles, names, loc="lower center", ncol=ncol, fontsize=8)
     fig.tight_layout(rect=(0, 0.04 + 0.05 * rows, 1, 1))
-    with atomic_output(path) as staging:
-        fig.savefig(staging, dpi=110, format="png")
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return True
 
 
@@ -102,15 +102,13 @@ def as_json(header: dict[str, Any], subjects: list[Subject]) -> dict[str, Any]:
 
 
 def write(out: Path, header: dict[str, Any], subjects: list[Subject]) -> list[Path]:
-    """``results.json``, ``results.md`` and ``results.png`` (with matplotlib) in ``out``."""
-    written = [out / "results.json", out / "results.md"]
-    try:
-        with atomic_output(written[0]) as staging:
-            staging.write_text(json.dumps(as_json(header, subjects), indent=2) + "\n")
-        with atomic_output(written[1]) as staging:
-            staging.write_text(markdown_table(subjects))
-        if plot(subjects, out / "results.png"):
-            written.append(out / "results.png")
-    except WRITE_ERRORS as err:
-        raise cannot_write(err, out) from err
-    return written
+    """``results.json``, ``results.md`` and ``results.png`` (with matplotlib) in ``out``, all
+    or none of them (:func:`~advpt.inference.write_together`); the paths written."""
+    document = json.dumps(as_json(header, subjects), indent=2) + "\n"
+    return write_together(
+        {
+            out / "results.json": lambda path: path.write_text(document),
+            out / "results.md": lambda path: path.write_text(markdown_table(subjects)),
+            out / "results.png": lambda path: plot(subjects, path),
+        }
+    )

@@ -8,6 +8,7 @@ tensors do not have is one sentence, not an attempt to allocate them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -66,6 +67,17 @@ def build_encoder(cfg: EncoderConfig, state: State, source: Path, config: Path) 
 def encoder_of(model: MaskedLanguageModel | Encoder) -> Encoder:
     """The encoder of a masked LM, or ``model`` itself when it is a bare encoder."""
     return model.encoder if isinstance(model, MaskedLanguageModel) else model
+
+
+def weights_digest(module: torch.nn.Module) -> str:
+    """A short hash of ``module``'s tensors, their names, dtypes, shapes and values: modules of
+    one class with the same digest compute the same function."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(f"{name} {flat.dtype} {tuple(tensor.shape)}\n".encode())
+        digest.update(flat.view(torch.uint8).numpy())
+    return digest.hexdigest()[:16]
 
 
 def save_weights_dir(state: State, out_dir: Path, config: dict[str, Any]) -> None:

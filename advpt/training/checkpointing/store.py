@@ -431,6 +431,8 @@ def complete_latest(root: Path) -> str:
     tag = latest_tag(root)
     if not tag:
         raise CheckpointError(f"{root} has no complete checkpoint ({root / LATEST} is missing)")
+    if not _TAG.match(tag):  # a path read from a file: never followed outside the run
+        raise CheckpointError(f"{root / LATEST} names no checkpoint ({shorten(tag)})")
     try:
         _check_sizes(root, _read_manifest(root, tag))
     except _Damaged as err:
