@@ -3,6 +3,7 @@ prepared data from the real installed packages, and the command end to end on re
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import os
@@ -13,11 +14,11 @@ import pytest
 import torch
 
 from advpt.correlation import spearman
-from advpt.data.homology import cluster_ids, split_clusters
+from advpt.data.homology import cluster_ids, fewest_clusters, split_clusters
 from advpt.downstream import eval_data, prepare
 from advpt.downstream.dms import SCANS, SOURCES, datasets_dir
 from advpt.downstream.features import EncoderFeatures, OneHotFeatures
-from advpt.downstream.localisation import COMPARTMENTS
+from advpt.downstream.localisation import COMPARTMENTS, SWISSPROT
 from advpt.downstream.probes import logistic_probe, ridge_probe
 from advpt.downstream.structure_db import STRUCTURE_DB
 from advpt.errors import DataError
@@ -144,6 +145,13 @@ def test_clusters_go_whole_to_one_side_in_the_asked_shares():
     assert abs(shares[1] - 0.1) < 0.02 and abs(shares[2] - 0.2) < 0.02
     assert np.array_equal(side, split_clusters(clusters, (0.1, 0.2), seed=0))
     assert not np.array_equal(side, split_clusters(clusters, (0.1, 0.2), seed=1))
+
+
+def test_the_fewest_clusters_fill_every_side_and_one_fewer_do_not():
+    fewest = fewest_clusters(eval_data.HELD_OUT, eval_data.SPLIT_SEED)
+    for count, sides in ((fewest, 3), (fewest - 1, 2)):
+        split = split_clusters(np.arange(count), eval_data.HELD_OUT, eval_data.SPLIT_SEED)
+        assert np.unique(split).size == sides
 
 
 # ----------------------------------------------------------------------------- prepared data
@@ -305,6 +313,24 @@ def test_a_source_named_by_its_flag_is_the_one_read(eval_cache, scans_copy, tmp_
     assert (data.scans / "gb1_data.csv.gz").read_bytes() == named.read_bytes()
 
 
+@needs_packages
+def test_a_scan_file_without_its_columns_is_named_as_given_and_leaves_no_entry(
+    models, scans_copy, tmp_path, capsys
+):
+    """Read before it is copied into the entry, so the sentence names the file the user gave,
+    not the entry's copy of it, and no entry is kept."""
+    bad = scans_copy / "amyloid_data.csv.gz"
+    with gzip.open(bad, "rt", newline="") as handle:
+        text = handle.read()
+    with gzip.open(bad, "wt", newline="") as handle:
+        handle.write(text.replace(",y,", ",z,", 1))
+    flags = ["--scans", str(scans_copy), "--data_limit", str(LIMIT), "--tasks", "zero_shot"]
+    assert run_tiny(models, tmp_path, *flags) == 2
+    err = capsys.readouterr().err
+    assert err == f"advpt: error: {bad} has no column y: its header is 'set,dist,z,dy,x'\n"
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
+
+
 # ----------------------------------------------------------------------------- the command
 
 
@@ -322,6 +348,12 @@ def models(tmp_path_factory):
 def run(models, eval_cache, out, *flags: str) -> int:
     args = [str(models / "tiny"), str(models / "esm"), "--out", str(out)]
     return main([*args, "--cache", str(eval_cache), *SMALL, *flags])
+
+
+def run_tiny(models, tmp_path, *flags: str) -> int:
+    """The command on the tiny model alone, its --out and --cache in ``tmp_path``."""
+    where = ["--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache")]
+    return main([str(models / "tiny"), *where, *flags])
 
 
 @pytest.mark.slow  # MMseqs2, or the suite on two models and their baselines
@@ -390,6 +422,36 @@ def test_bad_settings_are_one_sentence(tmp_path, capsys, flags, message):
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+@needs_packages
+@pytest.mark.parametrize(
+    "limit, task, refused, formed",
+    [
+        (
+            20, "secondary_structure",
+            f"the first 20 chains of {STRUCTURE_DB} are too few for secondary structure",
+            "number 20",
+        ),
+        pytest.param(
+            46, "localisation",
+            "the single-compartment proteins among the first 46 proteins annotated in "
+            f"{SWISSPROT} are too few for localisation", "form 20",
+            marks=pytest.mark.slow,  # MMseqs2
+        ),
+    ],
+)  # fmt: skip
+def test_a_data_limit_too_small_for_a_split_is_one_sentence_and_leaves_no_entry(
+    models, tmp_path, capsys, limit, task, refused, formed
+):
+    """A split needs 21 clusters for one on each side (cluster 20 is the first on the test
+    side): 20 chains are too few to be clustered, and the first 46 annotated proteins hold 21
+    single-compartment ones, two of them homologues."""
+    assert run_tiny(models, tmp_path, "--data_limit", str(limit), "--tasks", task) == 2
+    err = capsys.readouterr().err
+    needs = "its split needs 21 clusters at 30% identity to put one on each side"
+    assert err == f"advpt: error: {refused}: {needs} (train, validation, test), and they {formed}\n"
+    assert not any((tmp_path / "cache").glob("*")) and not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("out", ["/proc/advpt-results", "a-file/results"])

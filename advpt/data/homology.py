@@ -73,3 +73,15 @@ def split_clusters(clusters: np.ndarray, fractions: tuple[float, float], seed: i
     about ``fractions`` = (valid, test) of the clusters to each held-out side."""
     draw = hash_ints(np.arange(int(clusters.max()) + 1), seed, SPLIT_KEY)  # [clusters] uint64
     return hashed_sides(draw, fractions)[clusters]
+
+
+def fewest_clusters(fractions: tuple[float, float], seed: int) -> int:
+    """The fewest clusters for which :func:`split_clusters` leaves no side empty. A cluster's
+    side depends on its number alone and clusters are numbered from 0, so any ``n`` clusters
+    fill every side exactly when ``n`` is at least this (both ``fractions`` above 0)."""
+    count = 64
+    while True:
+        side = split_clusters(np.arange(count), fractions, seed)  # [count]
+        if np.unique(side).size == 3:
+            return 1 + max(int(np.argmax(side == s)) for s in range(3))
+        count *= 2

@@ -10,17 +10,22 @@ Two of the suite's tasks need work before any model is scored, both for a homolo
   :mod:`advpt.downstream.localisation`), a seeded sample of at most ``LOCALISATION_POOL`` of
   them, clustered and split the same way.
 
+Every side of a split needs a cluster, so both need :data:`FEWEST_CLUSTERS` of them (21): a
+limit or a source too small for that is one sentence naming the records and the count, and no
+entry is made, since the entry serves every task whichever ones a run asks for.
+
 They are written to ``<cache>/downstream-v<VERSION>/`` (``--cache``, else ``$ADVPT_EVAL_CACHE``,
 else ``~/.cache/advpt/downstream``) as ``secondary_structure.npz``, ``localisation.npz`` and a
 ``manifest.json`` naming the source files with their sizes and modification times: an entry is
 reused while they match, and made again when a package is reinstalled or upgraded. The entry is
 written beside its place and moved in when complete, so a stopped or failed preparation leaves
 nothing. The mutational scans need no preparation (:mod:`advpt.downstream.dms` reads them in
-seconds), but their four files are copied into ``scans/`` so that the entry holds all the
-suite reads (33 MB): carried to a machine that lacks one of the packages (a GPU machine, say),
-a complete entry is used as it is. The manifest also holds the size of each file of the entry:
-a file cut short or gone (a full disk, a partial copy) makes the entry anew where its sources
-are, and is one sentence where they are not; an entry is never read half.
+seconds), but their four files are read, so that a bad one is named as the user gave it, and
+copied into ``scans/`` so that the entry holds all the suite reads (33 MB): carried to a
+machine that lacks one of the packages (a GPU machine, say), a complete entry is used as it is.
+The manifest also holds the size of each file of the entry: a file cut short or gone (a full
+disk, a partial copy) makes the entry anew where its sources are, and is one sentence where
+they are not; an entry is never read half.
 
 Each source is found where its package installs it, unless a flag or an environment variable
 names it (:data:`DATA_SOURCES`): the StructureDB file (``--structure_db``, ``$ADVPT_STRUCTURE_DB``),
@@ -43,10 +48,10 @@ from pathlib import Path
 import numpy as np
 
 from advpt.data.cache import cache_root
-from advpt.data.homology import cluster_ids, split_clusters
+from advpt.data.homology import cluster_ids, fewest_clusters, split_clusters
 from advpt.data.keyed import Permutation
 from advpt.data.preparation import building, source_entry
-from advpt.downstream.dms import SCANS, SOURCES, datasets_dir
+from advpt.downstream.dms import SCANS, SOURCES, datasets_dir, read_scan
 from advpt.downstream.localisation import ANNOTATIONS, SWISSPROT, read_localisation
 from advpt.downstream.structure_db import STRUCTURE_DB, read_structure_db
 from advpt.errors import DataError, cannot_write
@@ -57,6 +62,7 @@ IDENTITY, COVERAGE = 0.3, 0.8  # MMseqs2 clusters: 30% identity over 80% of both
 HELD_OUT = (0.1, 0.1)  # shares of the clusters on the validation and test sides
 SPLIT_SEED = 0  # the split is part of the benchmark: fixed, whatever --seed a run takes
 LOCALISATION_POOL = 30_000  # proteins clustered for localisation (all would take an hour)
+FEWEST_CLUSTERS = fewest_clusters(HELD_OUT, SPLIT_SEED)  # for a record on every side: 21
 
 
 @dataclass(frozen=True)
@@ -102,13 +108,30 @@ class Proteins:
             ) from None
 
 
-def _split(sequences: list[str], what: str) -> tuple[np.ndarray, np.ndarray]:
-    """Cluster numbers and sides ``[N]`` of ``sequences``, with a progress line."""
-    start = time.perf_counter()
-    print(f"[advpt] clustering {len(sequences):,} {what} at {IDENTITY:.0%} identity (MMseqs2)")
-    clusters = cluster_ids(sequences, IDENTITY, COVERAGE)
-    print(f"[advpt]   {clusters.max() + 1:,} clusters in {time.perf_counter() - start:.0f} s")
-    return clusters, split_clusters(clusters, HELD_OUT, SPLIT_SEED)
+def _split(sequences: list[str], what: str, task: str, records: str) -> np.ndarray:
+    """Sides ``[N]`` of ``sequences`` (``what`` they are) by their clusters, with a progress
+    line; one sentence naming the ``records`` (which, from where) when they form too few
+    clusters for ``task``'s split to put one on every side (a small limit or source). Fewer
+    sequences than that are refused without clustering them."""
+    count, clusters = len(sequences), None  # clusters: at most one per sequence
+    if count >= FEWEST_CLUSTERS:
+        start = time.perf_counter()
+        print(f"[advpt] clustering {count:,} {what} at {IDENTITY:.0%} identity (MMseqs2)")
+        clusters = cluster_ids(sequences, IDENTITY, COVERAGE)
+        count = int(clusters.max()) + 1
+        print(f"[advpt]   {count:,} clusters in {time.perf_counter() - start:.0f} s")
+    if count < FEWEST_CLUSTERS:
+        raise DataError(
+            f"{records} are too few for {task}: its split needs {FEWEST_CLUSTERS} clusters at "
+            f"{IDENTITY:.0%} identity to put one on each side (train, validation, test), and they "
+            f"{'number' if clusters is None else 'form'} {count:,}"
+        )
+    return split_clusters(clusters, HELD_OUT, SPLIT_SEED)
+
+
+def _first(limit: int | None) -> str:
+    """``first LIMIT `` (nothing when there is no limit), for the records a message names."""
+    return "" if limit is None else f"first {limit:,} "
 
 
 def prepare_secondary_structure(path: Path, out: Path, limit: int | None = None) -> int:
@@ -116,7 +139,9 @@ def prepare_secondary_structure(path: Path, out: Path, limit: int | None = None)
     sides, to ``out``."""
     chains = read_structure_db(path, limit)
     sequences = [chain.sequence for chain in chains]
-    _, side = _split(sequences, "PDB chains")
+    side = _split(
+        sequences, "PDB chains", "secondary structure", f"the {_first(limit)}chains of {path}"
+    )
     dssp = np.frombuffer("".join(chain.dssp for chain in chains).encode(), np.uint8)
     Proteins.of([c.name for c in chains], sequences, dssp, side).save(out)
     return len(chains)
@@ -130,7 +155,10 @@ def prepare_localisation(folder: Path, out: Path, limit: int | None = None) -> i
     if len(keep) > LOCALISATION_POOL:
         keep = np.sort(Permutation(len(keep), SPLIT_SEED, 1)(np.arange(LOCALISATION_POOL)))
     sequences = [proteins.sequences[i] for i in keep]
-    _, side = _split(sequences, "Swiss-Prot proteins")
+    records = (
+        f"the single-compartment proteins among the {_first(limit)}proteins annotated in {folder}"
+    )
+    side = _split(sequences, "Swiss-Prot proteins", "localisation", records)
     names = [proteins.accessions[i] for i in keep]
     Proteins.of(names, sequences, proteins.labels[keep], side).save(out)
     return len(keep)
@@ -276,7 +304,10 @@ def _make(
     folder: Path, files: dict[str, Path], swissprot: Path, sources: dict, limit: int | None
 ) -> None:
     """The entry ``folder`` from the source ``files`` (manifest key -> file), written beside it
-    and moved in when complete."""
+    and moved in when complete. The scan files are read first: a bad one is refused by the name
+    it was given, not that of its copy in the entry, before anything is written."""
+    for key in SCANS:
+        read_scan(key, files[key].parent)
     print(f"[advpt] preparing the evaluation data into {folder} (once; a few minutes)")
     start = time.perf_counter()
     try:
