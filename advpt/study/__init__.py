@@ -28,7 +28,7 @@ trainer's validation pass, recorded with cumulative training wall time). Writes 
 ``study.md`` and the plots ``study_scores.png``, ``study_curves.png``, ``study_residues.png``.
 Runs go under ``--runs``, each rewritten unless ``--reuse`` keeps those a stopped study finished
 (each records its settings in ``settings.json``; one trained with other settings is refused, naming
-them). Needs matplotlib.
+them); a file there that no study wrote is refused, never replaced. Needs matplotlib.
 
 A command package: library code never imports it. Its modules, from the ground up:
 ``arms`` and ``sizes`` (what is compared, at what size), ``results`` (what a study keeps and

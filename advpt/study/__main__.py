@@ -19,7 +19,7 @@ from advpt.study.arms import ARMS, BASELINE, DEFAULT_ARMS
 from advpt.study.jobs import run_study
 from advpt.study.plots import plot_curves, plot_downstream, plot_residues, plot_scores
 from advpt.study.report import Occasion, write_report
-from advpt.study.results import Results, read_costs, read_results
+from advpt.study.results import RESULTS, Results, read_costs, read_results
 from advpt.study.sizes import SIZES, Size
 from advpt.study.summary import summarize, summarize_downstream
 
@@ -61,9 +61,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.size = "quick"
     if BASELINE not in args.arms:
         parser.error(f"--arms must include {BASELINE} (the equal-wall-time reference)")
-    for flag in ("out", "runs"):
-        if getattr(args, flag).exists() and not getattr(args, flag).is_dir():
-            parser.error(f"--{flag} {getattr(args, flag)} is a file; name a folder")
+    for flag in ("out", "runs"):  # before any training: the report is written at the end
+        folder = getattr(args, flag)
+        above = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+        if not above.is_dir():
+            said = "is a file" if above == folder else f"cannot be made: {above} is a file"
+            parser.error(f"--{flag} {folder} {said}; name a folder")
     return args
 
 
@@ -98,7 +101,7 @@ def study(
     during = [r.load for r in runs]
     loads = (load, os.getloadavg()[0], min(during), max(during))
     results = Results(unigrams, runs, minutes, loads, args.reuse, baselines)
-    results.save(args.runs / "results.json")
+    results.save(args.runs / RESULTS)
     return results
 
 
@@ -113,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     arms = [a for a in ARMS if a in args.arms]
     costs = read_costs(args.costs)
     if args.report_only:
-        results = read_results(args.runs / "results.json")
+        results = read_results(args.runs / RESULTS)
         arms = [a for a in arms if results.of(a)]
     else:
         results = study(args, arms, size, costs)

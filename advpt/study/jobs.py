@@ -26,10 +26,19 @@ from advpt.downstream.suite import (
     run_suite,
 )
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
-from advpt.study.results import EQUAL_COMPUTE_WEIGHTS, Run, Score, Training, Unigram, read_kept
+from advpt.study.results import (
+    EQUAL_COMPUTE_WEIGHTS,
+    Run,
+    Score,
+    Training,
+    Unigram,
+    read_kept,
+    read_training,
+)
 from advpt.study.runs import (
     check_kept_runs,
     equal_compute_step,
+    refuse_foreign_files,
     train,
     train_judge,
     write_deepspeed_jsons,
@@ -79,7 +88,7 @@ def train_job(
     loses only the runs under way)."""
     saved = runs / f"{arm}-seed{seed}" / "result.json"
     if reuse and (kept := read_kept(saved)) is not None:
-        return Training.from_json(kept)
+        return read_training(kept, saved)
     print(f"study: seed {seed}: training {arm} ...", flush=True)
     trainer = train(arm, size, runs / f"{arm}-seed{seed}", seed, data, device, cost)
     torch.save(trainer.encoder.module.state_dict(), trainer.run_dir.root / "encoder.pt")
@@ -183,14 +192,17 @@ def run_study(
     """Train the judge and every (arm, seed), then score them and each seed's unigram baseline
     on held-out masked tokens, and every encoder, at equal updates and at equal compute, and
     the downstream baselines on the downstream suite: the unigrams, the runs and the
-    baselines' suite scores."""
+    baselines' suite scores. Nothing is written to ``runs`` before every check has passed: the
+    runs kept for ``reuse``, the files there that the study would replace, the evaluation
+    data."""
     open_data(DataConfig(data=data))  # prepared once here, before the workers read it
     cost = (costs or {}).get
     if reuse:
         check_kept_runs(arms, size, runs, data, cost)
-    write_deepspeed_jsons(runs, size)
+    refuse_foreign_files(runs)
     evaluation = downstream_config(size, runs)
     eval_data.ensure(evaluation.cache, evaluation.data_limit)  # likewise
+    write_deepspeed_jsons(runs, size)  # checked everything: the study runs
     device = join_group_of_one()  # each worker joins a group of its own, on the same device
     shared, seeds = (size, runs, data, device), range(size.seeds)
     with workers(size.jobs) as run:

@@ -47,8 +47,9 @@ def plot_scores(summary: Summary, arms: list[str], path: Path) -> None:
             ax.errorbar(mean, y, xerr=std, fmt="o", color=color(arm), capsize=4)
         unigram = getattr(summary.unigram, key)[0]
         ax.axvline(unigram, color="black", linestyle="--", label="unigram baseline")
-        low = min([m - s for m, s in zip(means, stds, strict=True)] + [unigram])
-        high = max([m + s for m, s in zip(means, stds, strict=True)] + [unigram])
+        ends = [m + side * s for m, s in zip(means, stds, strict=True) for side in (-1, 0, 1)]
+        finite = [x for x in [*ends, unigram] if math.isfinite(x)] or [0.0]  # no NaN axis
+        low, high = min(finite), max(finite)
         ax.set_xlim(low - 0.1 * (high - low) - 1e-3, high + 0.1 * (high - low) + 1e-3)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("held-out masked-token loss (nats)")

@@ -5,14 +5,28 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+import types
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypedDict
 
-from advpt.errors import ConfigError, DataError
+from advpt.errors import ConfigError, DataError, shorten
 from advpt.study.arms import BASELINE
 
 RANDOM, HARD = "random masking", "hard positions"  # the held-out tasks, as results.json names them
 EQUAL_COMPUTE_WEIGHTS = "encoder-equal-compute.pt"  # beside encoder.pt (the final encoder)
+RESULTS = "results.json"  # in --runs: what a finished study saves for --report_only
+SuiteScores = dict[str, dict[str, float]]  # one encoder's downstream suite: task -> score -> value
+# In a field's metadata: its key in the JSON, where that is not its name, and the keys a dict
+# field must hold.
+KEY, HOLDS = "key", "holds"
+
+
+class Logged(TypedDict):
+    """A logged step of a run that the report reads (its other keys are kept as they are)."""
+
+    residue_mask_enrichment: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -40,11 +54,7 @@ class Training:
     seconds: float  # training wall time, validation passes and saves excluded
     load: float  # the machine's 1-minute load average at its end
     curve: list[tuple[int, float, float]]  # (encoder step, training seconds, validation loss)
-    records: list[dict]  # the logged steps with a residue_mask_enrichment
-
-    @classmethod
-    def from_json(cls, row: dict) -> Training:
-        return cls(**{f.name: row[f.name] for f in dataclasses.fields(Training)})
+    records: list[Logged]  # the logged steps with a residue_mask_enrichment
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(Training)}
@@ -55,15 +65,9 @@ class Run(Training):
     """A trained (arm, seed), scored: its held-out scores and, per weights file of it
     (``encoder.pt``, :data:`EQUAL_COMPUTE_WEIGHTS`), the downstream suite's scores."""
 
-    random: Score
-    hard: Score
-    downstream: dict[str, dict]
-
-    @classmethod
-    def from_json(cls, row: dict) -> Run:
-        scores = Score(**row[RANDOM]), Score(**row[HARD])
-        return cls(**vars(Training.from_json(row)), random=scores[0], hard=scores[1],
-                   downstream=row["downstream"])  # fmt: skip
+    random: Score = field(metadata={KEY: RANDOM})
+    hard: Score = field(metadata={KEY: HARD})
+    downstream: dict[str, SuiteScores] = field(metadata={HOLDS: ("encoder.pt",)})
 
     def to_json(self) -> dict:
         scores = {RANDOM: self.random.to_json(), HARD: self.hard.to_json()}
@@ -83,13 +87,9 @@ class Unigram:
     its loss on the validation passes' held-out sample."""
 
     seed: int
-    random: Score
-    hard: Score
+    random: Score = field(metadata={KEY: RANDOM})
+    hard: Score = field(metadata={KEY: HARD})
     validation: float
-
-    @classmethod
-    def from_json(cls, row: dict) -> Unigram:
-        return cls(row["seed"], Score(**row[RANDOM]), Score(**row[HARD]), row["validation"])
 
     def to_json(self) -> dict:
         scores = {RANDOM: self.random.to_json(), HARD: self.hard.to_json()}
@@ -109,8 +109,11 @@ class Results:
     runs: list[Run]
     minutes: float
     load: tuple[float, float, float, float]  # at start, at end, lowest and highest at run ends
-    reused: bool
-    downstream_baselines: dict[str, dict]  # kind -> the suite's scores
+    reused: bool = False
+    # kind -> the suite's scores (none in the results of a study before the suite)
+    downstream_baselines: dict[str, SuiteScores] = field(
+        default_factory=dict, metadata={KEY: "downstream baselines"}
+    )
 
     def of(self, arm: str) -> list[Run]:
         """The runs of ``arm``, in the order they were saved."""
@@ -124,7 +127,9 @@ class Results:
 
 
 def read_results(path: Path) -> Results:
-    """The results a finished study saved (``--report_only``), or one sentence why not."""
+    """The results a finished study saved (``--report_only``), or one sentence why not: the
+    first value of them that is not what a study saves names its row and keys
+    (:func:`read_json`)."""
     try:
         rows = json.loads(path.read_text())
     except FileNotFoundError:
@@ -136,15 +141,84 @@ def read_results(path: Path) -> Results:
         raise unfinished
     if "minutes" not in rows[0] or not any(r.get("arm") == BASELINE for r in rows):
         raise unfinished
-    try:
-        return Results(
-            [Unigram.from_json(r) for r in rows if r["arm"] == "unigram"],
-            [Run.from_json(r) for r in rows if r["arm"] != "unigram"],
-            rows[0]["minutes"], tuple(rows[0]["load"]), rows[0].get("reused", False),
-            rows[0].get("downstream baselines", {}),
-        )  # fmt: skip
-    except (KeyError, TypeError):
-        raise unfinished from None
+    where = f"--report_only: {path}"
+    read = [read_json(Unigram if r.get("arm") == "unigram" else Run, r, where, f"[{i}]")
+            for i, r in enumerate(rows)]  # fmt: skip
+    unigrams, runs = ([r for r in read if isinstance(r, kind)] for kind in (Unigram, Run))
+    refuse_unpaired(runs, where)
+    return read_json(Results, rows[0], where, "[0]", unigrams=unigrams, runs=runs)
+
+
+def refuse_unpaired(runs: list[Run], where: str) -> None:
+    """A ``DataError`` where ``runs`` cannot be compared as the report compares them: an arm
+    trained with other seeds than random 20%, or whose runs' validation curves are empty or at
+    other steps than one another's."""
+    seeds = sorted(r.seed for r in runs if r.arm == BASELINE)
+    for arm in dict.fromkeys(r.arm for r in runs):
+        of = [r for r in runs if r.arm == arm]
+        if sorted(r.seed for r in of) != seeds:
+            raise DataError(
+                f"{where}: the runs of {arm} have the seeds {sorted(r.seed for r in of)}, not "
+                f"those of {BASELINE} ({seeds}); the report compares every arm seed by seed"
+            )
+        steps = {tuple(step for step, _, _ in r.curve) for r in of}
+        if len(steps) > 1 or not steps.pop():
+            raise DataError(
+                f"{where}: the runs of {arm} have an empty 'curve' or curves at other steps than "
+                "one another's; every seed of an arm validates at the same steps"
+            )
+
+
+def read_json(kind: Any, value: object, where: str, keys: str = "", **given: object) -> Any:
+    """``value``, read from the JSON file that ``where`` names, as a ``kind``: a number (an
+    integer too), a whole number, a string, true or false, ``X | None``, a list, tuple or dict
+    of them, a ``TypedDict`` (its other keys kept as they are) or a dataclass (each field by
+    its :data:`KEY`, with its default where that is missing, ``given`` fields not read); else
+    a ``DataError`` naming ``where`` and the ``keys`` to the value at fault."""
+    at = f"{where}: {keys}" if keys else where
+
+    def member(key: str, hint: Any, holds: tuple[str, ...] = ()) -> object:
+        if key not in value:
+            raise DataError(f"{at} has no {key!r}")
+        read = read_json(hint, value[key], where, f"{keys}[{key!r}]")
+        if missing := [held for held in holds if held not in read]:
+            raise DataError(f"{where}: {keys}[{key!r}] has no {missing[0]!r}")
+        return read
+
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is types.UnionType:  # X | None, X first
+        return None if value is None else read_json(args[0], value, where, keys)
+    if isinstance(value, dict) and typing.is_typeddict(kind):
+        return value | {key: member(key, hint) for key, hint in typing.get_type_hints(kind).items()}
+    if isinstance(value, dict) and dataclasses.is_dataclass(kind):
+        hints, fields = typing.get_type_hints(kind), dict(given)
+        for f in dataclasses.fields(kind):
+            key, unset = f.metadata.get(KEY, f.name), dataclasses.MISSING
+            defaulted = f.default is not unset or f.default_factory is not unset
+            if f.name not in given and (key in value or not defaulted):
+                fields[f.name] = member(key, hints[f.name], f.metadata.get(HOLDS, ()))
+        return kind(**fields)
+    if isinstance(value, dict) and origin is dict:
+        return {k: read_json(args[1], v, where, f"{keys}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, list) and origin is list:
+        return [read_json(args[0], v, where, f"{keys}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, list) and origin is tuple and len(value) == len(args):
+        pairs = enumerate(zip(args, value, strict=True))
+        return tuple(read_json(a, v, where, f"{keys}[{i}]") for i, (a, v) in pairs)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if (kind is float and number) or (kind is int and number and isinstance(value, int)):
+        return kind(value)
+    if kind in (str, bool) and isinstance(value, kind):
+        return value
+    wanted = {float: "a number", int: "a whole number", str: "a string", bool: "true or false",
+              list: "a list", tuple: f"a list of {len(args)} values"}  # fmt: skip
+    raise DataError(f"{at} is {shorten(value)}, not {wanted.get(origin or kind, 'an object')}")
+
+
+def read_training(kept: object, path: Path) -> Training:
+    """The record of a finished run that ``--reuse`` keeps, read from its ``result.json``
+    ``path`` (:func:`read_json`)."""
+    return read_json(Training, kept, f"--reuse: {path}")
 
 
 def read_kept(path: Path) -> dict | None:

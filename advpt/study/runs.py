@@ -12,9 +12,15 @@ import torch
 
 from advpt.config.cli import parse
 from advpt.config.pretrain import DataConfig, TrainConfig
-from advpt.errors import ConfigError
+from advpt.errors import ConfigError, DataError
 from advpt.study.arms import JUDGE, JUDGE_SEED, SCORE_RATE
-from advpt.study.results import EQUAL_COMPUTE_WEIGHTS, read_kept
+from advpt.study.results import (
+    EQUAL_COMPUTE_WEIGHTS,
+    RESULTS,
+    read_kept,
+    read_results,
+    read_training,
+)
 from advpt.study.sizes import Size
 from advpt.training.build import build_trainer, open_data
 from advpt.training.engines.engine import simple_ds_config
@@ -36,13 +42,47 @@ def deepspeed_jsons(runs: Path) -> tuple[Path, Path]:
 
 
 def write_deepspeed_jsons(runs: Path, size: Size) -> None:
-    """Write :func:`deepspeed_jsons` for ``size``, once, before any run trains (after
-    ``--reuse``'s check, which reads nothing from them), each whole or not at all: fp32 on one
-    rank, torch's AdamW, so no DeepSpeed op is compiled on any machine."""
+    """Write :func:`deepspeed_jsons` for ``size``, once, before any run trains and after every
+    check of the study (:func:`refuse_foreign_files` among them), each whole or not at all:
+    fp32 on one rank, torch's AdamW, so no DeepSpeed op is compiled on any machine."""
     runs.mkdir(parents=True, exist_ok=True)
     lrs = (size.encoder_lr, size.noiser_lr)
     for path, lr in zip(deepspeed_jsons(runs), lrs, strict=True):
         write_atomically(path, json.dumps(simple_ds_config(size.micro_batch, lr=lr)))
+
+
+def refuse_foreign_files(runs: Path) -> None:
+    """A ``ConfigError`` naming a file in ``runs`` that the study would replace but that is not
+    what a study writes there (a user's own DeepSpeed settings, say): the DeepSpeed JSONs of
+    :func:`write_deepspeed_jsons` (for any size) and the results."""
+    owned = [(path, is_study_deepspeed_json, "DeepSpeed JSON") for path in deepspeed_jsons(runs)]
+    for path, is_the_studys, what in [*owned, (runs / RESULTS, holds_results, "results")]:
+        if path.exists() and not is_the_studys(path):
+            raise ConfigError(
+                f"--runs {runs} holds {path.name}, which is not a study's {what} and which the "
+                "study would replace; move it or choose another --runs"
+            )
+
+
+def is_study_deepspeed_json(path: Path) -> bool:
+    """Whether ``path`` is a DeepSpeed JSON that :func:`write_deepspeed_jsons` writes, for
+    some micro-batch and learning rate, or wrote before it set what it sets now: settings of
+    those it writes, with their values, and no others."""
+    try:
+        config = json.loads(path.read_text())
+        micro, lr = config["train_micro_batch_size_per_gpu"], config["optimizer"]["params"]["lr"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return config.items() <= simple_ds_config(micro, lr=lr).items()
+
+
+def holds_results(path: Path) -> bool:
+    """Whether ``path`` holds the results of a finished study (:func:`read_results`)."""
+    try:
+        read_results(path)
+    except (ConfigError, DataError):
+        return False
+    return True
 
 
 def run_config(
@@ -141,7 +181,7 @@ def refuse_other_settings(run_dir: Path, settings: dict[str, object]) -> None:
     """A ``ConfigError`` where the run kept in ``run_dir`` was not trained with ``settings``,
     naming what differs."""
     saved = read_kept(run_dir / SETTINGS)
-    if saved is None:
+    if not isinstance(saved, dict):
         raise ConfigError(f"--reuse: {run_dir} does not record its settings ({SETTINGS}); run "
                           "without --reuse to train it again")  # fmt: skip
     changed = [f"{name} {saved.get(name)} there, {value} here"
@@ -156,14 +196,15 @@ def refuse_other_settings(run_dir: Path, settings: dict[str, object]) -> None:
 def check_kept_runs(arms: list[str], size: Size, runs: Path, data: str, cost) -> None:
     """Before any training: the runs a stopped study finished, which ``--reuse`` keeps, must
     have been trained with this study's settings (``cost``: an arm's measured cost per update,
-    or its default)."""
+    or its default), and their records must read as a study writes them."""
     judge = runs / "judge"
     if (judge / "noiser.pt").exists():
         refuse_other_settings(judge, run_settings(JUDGE, size, judge, JUDGE_SEED, data, 1.0))
     for seed in range(size.seeds):
         for arm in arms:
             run_dir = runs / f"{arm}-seed{seed}"
-            if read_kept(run_dir / "result.json") is not None:
+            if (kept := read_kept(run_dir / "result.json")) is not None:
+                read_training(kept, run_dir / "result.json")
                 settings = run_settings(arm, size, run_dir, seed, data, cost(arm, 1.0))
                 refuse_other_settings(run_dir, settings)
 

@@ -21,10 +21,14 @@ Column = tuple[str, str, str, str]  # a suite column: task, score, label, meanin
 
 
 def mean_std(values: list[float]) -> Spread:
-    """Mean and sample standard deviation (0 for one value, NaN for none)."""
+    """Mean and sample standard deviation (0 for one value, NaN for none); the deviation is NaN
+    where a value is NaN or infinite (a score the suite could not compute, say)."""
     if not values:
         return math.nan, math.nan
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+    mean = statistics.fmean(values)
+    if not all(map(math.isfinite, values)):  # which statistics.stdev cannot take
+        return mean, math.nan
+    return mean, statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def at_time(curve: list[tuple[float, float]], seconds: float) -> float:
