@@ -56,7 +56,7 @@ def test_auto_paths_and_unknown_names(tmp_path, monkeypatch, distributed):
         read_ds_config("gpu-bf17", "encoder")
     assert str(error.value) == (
         "DeepSpeed config gpu-bf17 is neither a file nor a shipped encoder config "
-        "(cpu, cpu-bf16, gpu-bf16, gpu-fp16, gpu-lamb)"
+        "(cpu, cpu-bf16, gpu-bf16, gpu-bf16-zero2, gpu-fp16, gpu-lamb)"
     )
 
 

@@ -357,8 +357,8 @@ class TrainConfig(Section):
     run: RunConfig = field(default_factory=RunConfig)
     deepspeed_config: str = "auto"
     """DeepSpeed JSON of the encoder (batch sizes, precision, optimizer, ZeRO): a file, or a
-    config shipped with advpt: cpu, cpu-bf16, gpu-bf16, gpu-fp16, gpu-lamb; auto is cpu on
-    DeepSpeed's CPU accelerator and gpu-bf16 on a GPU. The global batch is micro-batch x
+    config shipped with advpt: cpu, cpu-bf16, gpu-bf16, gpu-bf16-zero2, gpu-fp16, gpu-lamb; auto is
+    cpu on DeepSpeed's CPU accelerator and gpu-bf16 on a GPU. The global batch is micro-batch x
     accumulation x ranks unless the JSON fixes train_batch_size."""
     noiser_deepspeed_config: str = "auto"
     """DeepSpeed JSON of the noiser: a file, or a shipped config: cpu, gpu; auto is cpu on the

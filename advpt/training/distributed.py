@@ -132,7 +132,7 @@ def world_size() -> int:
 
 def max_over_ranks(value: int) -> int:
     """The largest ``value`` any rank passes (a collective: every rank must call it)."""
-    if not dist.is_initialized():
+    if world_size() == 1:
         return value
     flag = torch.tensor([value], dtype=torch.int64)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_group())

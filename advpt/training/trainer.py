@@ -48,6 +48,7 @@ from advpt.training.checkpointing.checkpointer import Checkpointer
 from advpt.training.counters import Counters
 from advpt.training.engines.batch_layout import BatchLayout
 from advpt.training.engines.compilation import describe_compile_time
+from advpt.training.engines.engine import plain_module, settle_skipped_steps, skips_on_device
 from advpt.training.objective import AdversarialObjective
 from advpt.training.phases import PHASES
 from advpt.training.plan import RunPlan
@@ -97,6 +98,7 @@ class Trainer:
         )
         self.metrics = MetricsAccumulator(device, self.vocab)  # since the last logged step
         self._last_phase = self.phase
+        self._plain = {name: plain_module(engine) for name, engine in self.engines.items()}
         self._skipped_in_a_row = {name: 0 for name in self.engines}
         self.engine_metrics = EngineMetrics()
         self._collapsed = False  # mask entropy below the collapse threshold at the last record
@@ -256,7 +258,7 @@ class Trainer:
         and its metrics. The model it does not train runs as a plain module."""
         spec = PHASES[phase]
         trained = {name: self.engines[name] for name in spec.trains}
-        models = {name: trained.get(name, e.module) for name, e in self.engines.items()}
+        models = {name: trained.get(name, self._plain[name]) for name in self.engines}
         backward = {name: engine.backward for name, engine in trained.items()}
         out, draw = spec.objective(
             self.objective, models.get("noiser"), models["encoder"], batch, backward
@@ -277,23 +279,39 @@ class Trainer:
 
     def _check_step_applied(self, name: str, engine: deepspeed.DeepSpeedEngine) -> None:
         """Count non-finite (skipped) steps in a row; too many save and stop. A skipped step
-        leaves the weights as they were, so the checkpoint is the last good state."""
+        leaves the weights as they were, so the checkpoint is the last good state. An engine
+        that skips on the device is checked at logging steps instead (``_settle_skips``), so that
+        no other step waits for the device."""
+        if skips_on_device(engine):
+            return
         if engine.was_step_applied():
             self._skipped_in_a_row[name] = 0
             return
         self._skipped_in_a_row[name] += 1
+        if self._skipped_in_a_row[name] >= self.config.run.max_skipped_in_a_row:
+            self._stop_for_non_finite_steps(name)
+
+    def _settle_skips(self) -> None:
+        """Read the skips of engines that count them on the device (a host sync) into their
+        ``skipped_steps``; a run of too many in a row since the last read saves and stops."""
+        for name, engine in self.engines.items():
+            most = settle_skipped_steps(engine)
+            if most is not None and most >= self.config.run.max_skipped_in_a_row:
+                self._stop_for_non_finite_steps(name)
+
+    def _stop_for_non_finite_steps(self, name: str) -> None:
+        self.save()
         limit = self.config.run.max_skipped_in_a_row
-        if self._skipped_in_a_row[name] >= limit:
-            self.save()
-            raise NonFiniteError(
-                f"the {name} had non-finite losses or gradients in {limit} optimizer steps in a "
-                f"row (encoder step {self.counters.encoder_step}); the last good state is saved "
-                f"in {self.checkpointer.root}"
-            )
+        raise NonFiniteError(
+            f"the {name} had non-finite losses or gradients in {limit} optimizer steps in a row "
+            f"(by encoder step {self.counters.encoder_step}); the last good state is saved in "
+            f"{self.checkpointer.root}"
+        )
 
     # ----------------------------------------------------------------- reporting
 
     def _log(self, writer: MetricsWriter) -> dict[str, Any]:
+        self._settle_skips()
         record: dict[str, Any] = {
             "phase": self._last_phase,  # of the step just taken
             "encoder_step": self.counters.encoder_step,
@@ -319,6 +337,8 @@ class Trainer:
         return validation
 
     def save(self) -> None:
+        for engine in self.engines.values():
+            settle_skipped_steps(engine)  # DeepSpeed checkpoints skipped_steps
         self.checkpointer.save(self.counters, self.schedule, self.layout)
 
     def restore(self) -> bool:

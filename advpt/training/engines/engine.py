@@ -116,6 +116,7 @@ def _check_with_deepspeed(path: str, config: dict[str, Any]) -> None:
 # loops or, ``fused``, one kernel per step: nothing to compile) or DeepSpeed's own (FusedAdam on a
 # GPU, CPU Adam on a CPU: C++/CUDA ops compiled on first use, for minutes).
 ADAM_IMPLEMENTATIONS = ("torch", "torch-fused", "deepspeed")
+PRECISIONS = ("fp32", "bf16", "bf16-autocast", "fp16")
 
 
 def simple_ds_config(
@@ -127,14 +128,18 @@ def simple_ds_config(
     adam: str = "torch",
 ) -> dict[str, Any]:
     """A DeepSpeed config for the scripts and tests: AdamW (weight decay 0.01), gradient
-    clipping 1.0, ZeRO stage ``zero``, no console logging.
+    clipping 1.0, ZeRO stage ``zero``, no console logging, no throughput timer (it syncs).
 
     ``batch`` is the global batch (default ``micro``: one rank, no accumulation), so the
-    accumulation is ``batch / (micro x ranks)``. ``precision`` is fp32, bf16 or fp16 (dynamic
-    loss scaling). ``adam`` is one of ``ADAM_IMPLEMENTATIONS``.
+    accumulation is ``batch / (micro x ranks)``. ``precision`` is one of ``PRECISIONS``: fp32,
+    bf16 (DeepSpeed's bf16 optimizer: bf16 weights, fp32 master copies), bf16-autocast (fp32
+    weights, the forward in ``torch.autocast``: no host sync with ``adam`` torch-fused at ZeRO
+    0) or fp16 (dynamic loss scaling). ``adam`` is one of ``ADAM_IMPLEMENTATIONS``.
     """
     if adam not in ADAM_IMPLEMENTATIONS:
         raise ValueError(f"adam must be one of {', '.join(ADAM_IMPLEMENTATIONS)}, not {adam!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     params: dict[str, Any] = {"lr": lr, "weight_decay": 0.01}
     if adam != "deepspeed":
         params["torch_adam"] = True
@@ -146,10 +151,13 @@ def simple_ds_config(
         "gradient_clipping": 1.0,
         "zero_optimization": {"stage": zero},
         "optimizer": {"type": "AdamW", "params": params},
+        "timers": {"throughput": {"enabled": False}},
         "steps_per_print": 10**9,
     }
     if precision == "bf16":
         config["bf16"] = {"enabled": True}
+    elif precision == "bf16-autocast":
+        config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
     elif precision == "fp16":
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
     return config
@@ -183,39 +191,123 @@ def warmup_linear_decay(
 
 
 class NonFiniteStepGuard:
-    """A plain optimizer that skips steps whose gradients are not finite.
+    """A plain optimizer (ZeRO stage 0, fp32 weights) that skips steps whose gradients are not
+    finite, and clips them to ``max_norm`` (the JSON's ``gradient_clipping``; 0: no clipping).
 
-    DeepSpeed's ZeRO and bf16/fp16 optimizers already skip such steps and report it through
-    their ``overflow`` attribute, which the engine reads to count ``skipped_steps`` and to hold
-    the LR schedule back. A plain fp32 optimizer (ZeRO stage 0) has no such check: without this
-    guard one NaN batch would write NaN into every weight and Adam moment. The check costs one
-    host sync per optimizer step, as DeepSpeed's own does.
+    DeepSpeed's ZeRO and bf16/fp16 optimizers skip such steps themselves, reading an overflow
+    flag on the host every step. A plain optimizer has no check: without this guard one NaN batch
+    would write NaN into every weight and Adam moment.
+
+    An optimizer that can skip a step on the device (torch's fused Adam and AdamW, ``"fused":
+    true``: it takes a ``found_inf`` flag, as ``torch.amp.GradScaler`` hands it one) is guarded
+    without a host sync: the gradients' global norm, the clipping and the flag are computed on the
+    device, and the optimizer leaves weights, moments and step count as they were when the flag
+    is set. Skipped steps are counted on the device and read at logging steps
+    (:func:`settle_skipped_steps`). DeepSpeed sees no overflow, so its LR schedule advances over
+    a skipped step, where its own check holds the schedule back. Any other optimizer costs one
+    host sync per step: the flag is read and the step skipped on the host.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer):
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, max_norm: float, parameters: list[nn.Parameter]
+    ):
+        """``parameters``: the model's, in its order, which the norm sums over (DeepSpeed's
+        order, so that the clipped gradients are those DeepSpeed's clipping made)."""
         self.optimizer = optimizer
-        self.overflow = False
+        self.max_norm = max_norm
+        self.parameters = parameters
+        self.on_device = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+        self.overflow = False  # what DeepSpeed reads: only set where the flag is read on the host
+        self._skipped: torch.Tensor | None = None  # since the last settle, on the device
+        self._in_a_row: torch.Tensor | None = None
+        self._most_in_a_row: torch.Tensor | None = None
 
     def _grads(self) -> list[torch.Tensor]:
-        return [
-            p.grad
-            for group in self.optimizer.param_groups
-            for p in group["params"]
-            if p.grad is not None
-        ]
+        return [p.grad for p in self.parameters if p.grad is not None]
 
     def step(self, closure=None):
         grads = self._grads()
-        norms = torch._foreach_norm(grads) if grads else []
-        self.overflow = bool(norms) and not bool(torch.isfinite(torch.stack(norms)).all())
+        if not grads:
+            return self.optimizer.step(closure)
+        norm = torch.stack(torch._foreach_norm(grads)).pow(2).sum().pow(0.5)  # as DeepSpeed's
+        if self.max_norm > 0:
+            torch._foreach_mul_(grads, torch.clamp(self.max_norm / (norm + 1e-6), max=1.0))
+        found_inf = (~torch.isfinite(norm)).float()
+        if self.on_device:
+            self._count(found_inf)
+            self.optimizer.found_inf = found_inf
+            try:
+                return self.optimizer.step(closure)
+            finally:
+                del self.optimizer.found_inf
+        self.overflow = bool(found_inf)  # the one host sync of an optimizer that cannot skip
         if self.overflow:
             for grad in grads:
                 grad.zero_()
             return None
         return self.optimizer.step(closure)
 
+    def _count(self, found_inf: torch.Tensor) -> None:
+        if self._skipped is None:
+            self._skipped, self._in_a_row, self._most_in_a_row = torch.zeros(
+                3, dtype=torch.float32, device=found_inf.device
+            ).unbind()
+        self._skipped = self._skipped + found_inf
+        self._in_a_row = (self._in_a_row + 1) * found_inf
+        self._most_in_a_row = torch.maximum(self._most_in_a_row, self._in_a_row)
+
+    def settle(self) -> tuple[int, int]:
+        """(steps skipped since the last call, the longest run of skips in a row that reaches
+        into that time, counted whole across calls), read from the device."""
+        if self._skipped is None:
+            return 0, 0
+        skipped, most = (int(x) for x in torch.stack([self._skipped, self._most_in_a_row]))
+        self._skipped = torch.zeros_like(self._skipped)
+        self._most_in_a_row = self._in_a_row.clone()  # a run of skips may go on
+        return skipped, most
+
     def __getattr__(self, name: str):
         return getattr(self.optimizer, name)
+
+
+def skips_on_device(engine: deepspeed.DeepSpeedEngine) -> bool:
+    """Whether ``engine``'s skipped steps are counted on the device (:class:`NonFiniteStepGuard`)
+    rather than in ``skipped_steps`` and ``was_step_applied()`` at every step."""
+    return isinstance(engine.optimizer, NonFiniteStepGuard) and engine.optimizer.on_device
+
+
+def settle_skipped_steps(engine: deepspeed.DeepSpeedEngine) -> int | None:
+    """For an engine that skips on the device: its skips since the last call added to
+    ``engine.skipped_steps`` (which DeepSpeed checkpoints), and the longest run of them in a row
+    returned (:meth:`NonFiniteStepGuard.settle`; a host sync: at logging steps and saves only).
+    None for any other engine."""
+    if not skips_on_device(engine):
+        return None
+    skipped, most = engine.optimizer.settle()
+    engine.skipped_steps += skipped
+    return most
+
+
+class Autocast(nn.Module):
+    """``module`` run in ``torch.autocast`` on ``device`` in ``dtype``; its parameters are the
+    module's own."""
+
+    def __init__(self, module: nn.Module, device: str, dtype: torch.dtype):
+        super().__init__()
+        self.module, self.device, self.dtype = module, device, dtype
+
+    def forward(self, *args, **kwargs):
+        with torch.autocast(device_type=self.device, dtype=self.dtype):
+            return self.module(*args, **kwargs)
+
+
+def plain_module(engine: deepspeed.DeepSpeedEngine) -> nn.Module:
+    """``engine``'s model to call outside the engine (the model a phase does not train), in the
+    engine's ``torch_autocast`` precision when it has one: the engine's forward enters it, the
+    plain module does not."""
+    if not engine.torch_autocast_enabled():
+        return engine.module
+    return Autocast(engine.module, get_accelerator().device_name(), engine.torch_autocast_dtype())
 
 
 def adam_op_builder(config: dict[str, Any]) -> str | None:
@@ -261,7 +353,11 @@ def build_engine(
         lr_scheduler=schedule,
     )
     if engine.optimizer is engine.basic_optimizer:
-        engine.optimizer = NonFiniteStepGuard(engine.optimizer)
+        clip, parameters = engine.gradient_clipping(), list(engine.module.parameters())
+        engine.optimizer = NonFiniteStepGuard(engine.optimizer, clip, parameters)
+        # the guard clips, on the norm it computes anyway; DeepSpeed's own clipping of a plain
+        # optimizer would compute it again, a norm and a multiplication per parameter
+        engine.clip_fp32_gradients = lambda: None
     return engine
 
 
