@@ -15,7 +15,15 @@ rebuild each other's op in turn, which widens that window. So:
   the build folder, which the kernel releases when its holder dies, however it dies. Under it no
   other advpt process builds that op, so in advpt's own folder a torch lock file found there was
   left by a dead build: it is removed, with a line saying so. In a folder the user named, other
-  programs may build too: a torch lock there is waited on until it is :data:`STALE_S` old.
+  programs may build too: a torch lock there is waited on until it is :data:`STALE_S` old, unless
+  advpt left it. The holder writes ``pid N on HOST`` in advpt's lock and empties it when its build
+  ends, so a record found there by the next holder names a build that was killed: where that is a
+  process of this host that is gone, the torch lock is that build's, removed at once too. (A
+  Slurm job killed at its time limit while building would otherwise hold every next job for 10
+  minutes.)
+- An extensions folder advpt cannot use (a file, a folder it may not write, a lock file that is a
+  folder) is one sentence (``OutputError``: exit 2). A lock file it may not write is locked
+  read-only, as a lock needs no write: an op built there by someone else loads.
 - Every build runs this environment's own ``ninja`` (pip's, which DeepSpeed requires) whatever
   ``PATH`` a process has: ninja 1.12 changed how ``.ninja_log`` hashes a command, so a Debian
   ninja 1.11 and pip's 1.13 each read the other's build as made by another command and build
@@ -36,6 +44,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import socket
 import sys
 import sysconfig
@@ -46,7 +55,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import IO
 
+import psutil
+
 from advpt.command import stopping_on_signals
+from advpt.errors import OutputError
 
 ENV = "TORCH_EXTENSIONS_DIR"
 STALE_S = 600.0
@@ -89,27 +101,49 @@ def _own_folder(folder: Path) -> bool:
 def building(name: str) -> Iterator[Path]:
     """While entered, this process alone among advpt's builds extension ``name``; yields its
     build folder, free of any lock a dead build left. A stop signal during the wait or the
-    build raises ``Stopped`` (exit 75)."""
+    build raises ``Stopped`` (exit 75); a folder or lock file it cannot use, ``OutputError``."""
     folder = extensions_folder()
-    folder.mkdir(parents=True, exist_ok=True)
     # Signal handlers can be set from the main thread only; elsewhere the signals stay its.
     main = threading.current_thread() is threading.main_thread()
     stops = stopping_on_signals() if main else contextlib.nullcontext()
-    with stops, open(folder / f"{name}.advpt-lock", "a+") as lock:
+    with stops, _open_lock(folder, name) as lock:
         _wait(
             lambda: _try_flock(lock),
             lambda: f"another advpt process ({_holder(lock)}) to build {name} in {folder}",
         )
-        lock.truncate(0)
-        lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        lock.flush()
+        killed = _record(lock)  # the last holder's, unless its build ended
+        if lock.writable():
+            lock.truncate(0)
+            lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+            lock.flush()
         try:
-            _clear_dead_build(folder / name, name)
+            _clear_dead_build(folder / name, name, killed)
             with _environment_ninja():
                 yield folder / name
         finally:
-            lock.truncate(0)
+            if lock.writable():
+                lock.truncate(0)
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _open_lock(folder: Path, name: str) -> IO[bytes]:
+    """``<name>.advpt-lock`` in ``folder`` (both made where missing), open to be locked: only to
+    be read where it may not be written (an op someone else built), as a lock needs no write.
+    An ``OutputError`` naming the folder or file where neither can be."""
+    lock = folder / f"{name}.advpt-lock"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return open(lock, "a+b")
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            return open(lock, "rb")
+        where = folder if _own_folder(folder) else f"{ENV} {folder}"
+        what = (
+            f"{error.filename} is not a folder"
+            if isinstance(error, FileExistsError)
+            else f"{error.filename}: {error.strerror}"
+        )
+        raise OutputError(f"cannot build {name} in {where}: {what}") from None
 
 
 @contextlib.contextmanager
@@ -146,7 +180,7 @@ def load_deepspeed_op(builder_name: str) -> ModuleType | None:
         return builder.load()
 
 
-def _try_flock(lock: IO[str]) -> bool:
+def _try_flock(lock: IO[bytes]) -> bool:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -154,19 +188,33 @@ def _try_flock(lock: IO[str]) -> bool:
     return True
 
 
-def _holder(lock: IO[str]) -> str:
-    """Who holds ``lock``, as its holder wrote it down."""
+def _record(lock: IO[bytes]) -> str:
+    """What the holder of ``lock`` wrote in it (``pid N on HOST``), or "" for nothing: its first
+    line, read as text whatever its bytes."""
     lock.seek(0)
-    return lock.read().strip() or "starting"
+    return lock.readline(200).decode(errors="replace").strip()
 
 
-def _clear_dead_build(build: Path, name: str) -> None:
-    """Remove torch's lock file in ``build`` where no build can hold it any more (see the
-    module's docstring)."""
+def _holder(lock: IO[bytes]) -> str:
+    """Who holds ``lock``, as it wrote it down (escaped unless printable: no terminal control
+    from a file anyone sharing the folder may write)."""
+    record = _record(lock)
+    return (record if record.isprintable() else ascii(record)) or "starting"
+
+
+def _gone_from_this_host(record: str) -> bool:
+    """Whether ``record`` (:func:`_record`) names a process of this host that is no more."""
+    found = re.fullmatch(r"pid (\d{1,9}) on (\S+)", record)
+    return bool(found) and found[2] == socket.gethostname() and not psutil.pid_exists(int(found[1]))
+
+
+def _clear_dead_build(build: Path, name: str, killed: str) -> None:
+    """Remove torch's lock file in ``build`` where no build can hold it any more; ``killed`` is
+    the record a killed holder of advpt's lock left, or "" (see the module's docstring)."""
     baton = build / "lock"
     if not baton.exists():
         return
-    if not _own_folder(build.parent):
+    if not (_own_folder(build.parent) or _gone_from_this_host(killed)):
         _wait(
             lambda: not baton.exists() or time.time() - baton.stat().st_mtime > STALE_S,
             lambda: (

@@ -455,3 +455,40 @@ def test_a_stop_signal_in_a_finalizer_or_a_constructor_ends_in_its_sentence_alon
         "advpt: error: stopped by SIGTERM; nothing was kept"
     ]
     assert "went on" not in done.stdout
+
+
+# SIGINT met inside code that ``exec`` runs from a string, as ``dataclasses`` makes methods
+# (thousands of times while torch imports). CPython then marks the process, which under
+# ``python -m`` (as every command is run; a script or ``-c`` exits with its code regardless)
+# kills itself by SIGINT as it exits, whatever the command returned.
+INTERRUPTED_IN_EXEC = """
+import contextlib, os, signal, sys, time
+from advpt.command import command, stopping_on_signals
+
+@command
+def main(argv):
+    with {handler}:
+        exec("os.kill(os.getpid(), signal.SIGINT); time.sleep(1)")
+        print("went on as if never interrupted")
+    return 0
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    "handler",
+    ["stopping_on_signals(interrupt_stops=False)", "contextlib.nullcontext()"],
+    ids=["as_in_score", "as_in_training"],
+)
+def test_an_interrupt_inside_code_exec_runs_ends_in_exit_130_not_by_the_signal(tmp_path, handler):
+    (tmp_path / "interrupted_in_exec.py").write_text(INTERRUPTED_IN_EXEC.format(handler=handler))
+    env = child_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    done = subprocess.run(
+        [sys.executable, "-m", "interrupted_in_exec"], cwd=REPO, env=env, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 130, done.stdout + done.stderr
+    assert done.stderr == "advpt: error: interrupted\n"
+    assert "went on" not in done.stdout

@@ -8,7 +8,9 @@ folder, and the op this environment built is never touched.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,6 +63,33 @@ def _start(python: Path, args: list[str], log: Path, **env: str) -> subprocess.P
     )  # fmt: skip
 
 
+def _build_extensions(folder: Path) -> subprocess.CompletedProcess:
+    """``python -m advpt.build_extensions`` with ``TORCH_EXTENSIONS_DIR=folder``, to its end."""
+    return subprocess.run(
+        [sys.executable, "-m", "advpt.build_extensions"], cwd=REPO,
+        env=_env(TORCH_EXTENSIONS_DIR=str(folder)), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def immutable():
+    """``immutable(path)``: ``path`` made immutable (``chattr +i``; the tests run as root, whom a
+    permission bit would not stop), mutable again afterwards."""
+    made: list[Path] = []
+
+    def make(path: Path) -> None:
+        if shutil.which("chattr") is None:
+            pytest.skip("no chattr command: no file or folder root may not write can be made")
+        done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot make a file immutable here: {done.stderr.strip()}")
+        made.append(path)
+
+    yield make
+    for path in made:
+        subprocess.run(["chattr", "-i", str(path)], check=False)
+
+
 def _end_session(job: subprocess.Popen) -> None:
     """Kill what is left of ``job``'s session (a compiler the build had started)."""
     with contextlib.suppress(ProcessLookupError):
@@ -90,15 +119,14 @@ def test_each_environment_builds_into_a_folder_of_its_own(second_env):
     assert Path(theirs) != extensions.extensions_folder()
 
 
-def test_a_start_after_a_build_killed_by_sigkill_removes_its_lock_and_builds(second_env, tmp_path):
-    """The issue's reproduction: ``advpt.train`` SIGKILLed while DeepSpeed builds its CPU op
-    leaves torch's lock; the next start removes it and builds, and SIGTERM ends that build with
+def _a_killed_build_is_cleared_by_the_next(
+    python: Path, first: list[str], then: list[str], folder: Path, tmp_path: Path, **env: str
+) -> None:
+    """``python first`` SIGKILLed while it builds the op in ``folder`` leaves torch's lock;
+    ``python then`` removes it at once, saying so, and builds; SIGTERM ends that build with
     exit 75 and one sentence, leaving no lock."""
-    folder = second_env.parent.parent / "var" / "advpt" / "torch_extensions"
     lock = folder / OP / "lock"
-    train = ["-m", "advpt.train", "--max_steps", "2"]
-    first = [*train, *tiny_run_args(tmp_path, tmp_path / "a")]
-    killed = _start(second_env, first, tmp_path / "a.log")
+    killed = _start(python, first, tmp_path / "killed.log", **env)
     try:
         wait_until(killed, lock.exists, "the build's lock", timeout=120)
     finally:
@@ -106,12 +134,33 @@ def test_a_start_after_a_build_killed_by_sigkill_removes_its_lock_and_builds(sec
         killed.wait()
     assert lock.exists(), "a build killed by SIGKILL leaves torch's lock"
 
-    log = tmp_path / "b.log"
-    again = _start(second_env, [*train, *tiny_run_args(tmp_path, tmp_path / "b")], log)
+    log = tmp_path / "again.log"
+    again = _start(python, then, log, **env)
     wait_until(again, lambda: lock.exists() and holds_open(again, lock), "a new build", 120)
     assert f"removed {lock}, left by a build of {OP} that was killed" in log.read_text()
     _stops_with_one_sentence(again, log)
     assert not lock.exists()
+
+
+def test_a_start_after_a_build_killed_by_sigkill_removes_its_lock_and_builds(second_env, tmp_path):
+    """The issue's reproduction: ``advpt.train`` SIGKILLed while DeepSpeed builds its CPU op
+    leaves torch's lock, which the next start removes."""
+    folder = second_env.parent.parent / "var" / "advpt" / "torch_extensions"
+    train = ["-m", "advpt.train", "--max_steps", "2"]
+    first, then = ([*train, *tiny_run_args(tmp_path, tmp_path / run)] for run in "ab")
+    _a_killed_build_is_cleared_by_the_next(second_env, first, then, folder, tmp_path)
+
+
+def test_in_a_folder_the_user_named_a_lock_advpts_killed_build_left_is_removed_at_once(tmp_path):
+    """A first build killed by SIGKILL there (Slurm's time limit) leaves torch's lock and advpt's
+    record of that build, naming a process of this host that is gone: the lock is that build's,
+    removed at once, not waited on for ``STALE_S``."""
+    folder = tmp_path / "user-extensions"
+    build = ["-m", "advpt.build_extensions"]
+    python = Path(sys.executable)
+    _a_killed_build_is_cleared_by_the_next(
+        python, build, build, folder, tmp_path, TORCH_EXTENSIONS_DIR=str(folder)
+    )
 
 
 def test_a_start_while_another_advpt_process_builds_says_whom_it_waits_for(
@@ -128,12 +177,15 @@ def test_a_start_while_another_advpt_process_builds_says_whom_it_waits_for(
 
 
 def test_in_a_folder_the_user_named_a_lock_is_waited_on_until_it_is_stale(tmp_path):
-    """Another program may build there: a fresh lock is waited on, saying which file to delete;
-    one older than STALE_S is a dead build's, removed."""
+    """Another program may build there, or advpt on another host (whose process this one cannot
+    see): a fresh lock is waited on, saying which file to delete; one older than STALE_S is a
+    dead build's, removed."""
     folder = tmp_path / "user-extensions"
     lock = folder / OP / "lock"
     lock.parent.mkdir(parents=True)
     lock.touch()
+    # no pid reaches 2**22 (Linux's PID_MAX_LIMIT): gone, were it of this host
+    (folder / f"{OP}.advpt-lock").write_text(f"pid {2**22} on another-host\n")
     log = tmp_path / "user.log"
     python = Path(sys.executable)
     job = _start(python, ["-m", "advpt.build_extensions"], log, TORCH_EXTENSIONS_DIR=str(folder))
@@ -148,6 +200,56 @@ def test_in_a_folder_the_user_named_a_lock_is_waited_on_until_it_is_stale(tmp_pa
     wait_until(job, lambda: lock.exists() and holds_open(job, lock), "a new build", 120)
     _stops_with_one_sentence(job, log)
     assert not lock.exists()
+
+
+def test_a_lock_holder_is_named_as_it_wrote_itself_down_whatever_its_bytes(tmp_path):
+    """A record of no UTF-8 text, with a terminal control sequence, is named escaped."""
+    folder = tmp_path / "user-extensions"
+    folder.mkdir()
+    log = tmp_path / "waiting.log"
+    with open(folder / f"{OP}.advpt-lock", "wb") as lock:
+        lock.write(b"\xff\xfe\x1b[2J\n")
+        lock.flush()
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        build = ["-m", "advpt.build_extensions"]
+        job = _start(Path(sys.executable), build, log, TORCH_EXTENSIONS_DIR=str(folder))
+        said = "[advpt] waiting for another advpt process ('\\ufffd\\ufffd\\x1b[2J') to build "
+        wait_until(job, lambda: said in log.read_text(), "the wait's announcement", 120)
+        _stops_with_one_sentence(job, log)
+
+
+@pytest.mark.parametrize("case", ["a file", "a folder it may not write", "a lock that is a folder"])
+def test_an_extensions_folder_advpt_cannot_use_is_one_sentence(tmp_path, immutable, case):
+    folder = tmp_path / "extensions"
+    lock = folder / f"{OP}.advpt-lock"
+    if case == "a file":
+        folder.write_text("not a folder\n")
+        what = f"{folder} is not a folder"
+    elif case == "a folder it may not write":
+        folder.mkdir()
+        immutable(folder)
+        what = f"{lock}: Operation not permitted"  # a user other than root: Permission denied
+    else:
+        lock.mkdir(parents=True)
+        what = f"{lock}: Is a directory"
+    before = sorted(tmp_path.rglob("*"))
+    done = _build_extensions(folder)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    said = f"advpt: error: cannot build {OP} in TORCH_EXTENSIONS_DIR {folder}: {what}"
+    assert done.stderr.strip().splitlines()[-1] == said
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_an_op_built_beside_a_lock_advpt_may_not_write_loads(tmp_path, immutable):
+    """A lock file someone else made is locked read-only: the op built there loads."""
+    folder = tmp_path / "extensions"
+    shutil.copytree(extensions.extensions_folder() / OP, folder / OP)  # built at set-up
+    lock = folder / f"{OP}.advpt-lock"
+    lock.touch()
+    immutable(lock)
+    done = _build_extensions(folder)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == f"[advpt] {OP} built in {folder}\n"
 
 
 def test_the_adam_op_a_deepspeed_json_builds_is_built_under_advpts_lock():

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -295,6 +296,7 @@ def test_bad_sequences_models_and_outputs(hf_model, tmp_path, capsys):
 # ----------------------------------------------------------------------------- stop signals
 
 LONG_WILD_TYPE = (WILD_TYPE * 25)[:1000]  # every site scored by its own forward pass: seconds
+SCAN = [{"mutant": f"{letter}{i + 1}A"} for i, letter in enumerate(LONG_WILD_TYPE)]
 
 
 def _score_command(model_dir, mutations, out) -> list[str]:
@@ -315,6 +317,19 @@ def _reader_waits(job, pipe) -> int:
     wait_until(job, opened, "reading its mutations")
     os.set_blocking(writer_end[0], True)
     return writer_end[0]
+
+
+def _scoring(args: list[str], mutations) -> subprocess.Popen:
+    """``advpt.score ARGS`` started and fed :data:`SCAN` through the named pipe ``mutations``
+    (made here); returned once it has read it all and closed it, to load its model and score."""
+    os.mkfifo(mutations)
+    job = start_module(args, "advpt.score")
+    with os.fdopen(_reader_waits(job, mutations), "w", newline="") as handle:
+        writer = csv.DictWriter(handle, ["mutant"])
+        writer.writeheader()
+        writer.writerows(SCAN)
+    wait_until(job, lambda: not holds_open(job, mutations), "scoring")
+    return job
 
 
 def _scored_afterwards(args: list[str], out, variants: int) -> None:
@@ -352,17 +367,26 @@ def test_score_stopped_while_scoring_keeps_nothing_and_runs_again(hf_model, tmp_
     mutations, out = tmp_path / "mutations.csv", tmp_path / "out" / "scores.csv"
     out.parent.mkdir()
     args = _score_command(hf_model[1], mutations, out)
-    rows = [{"mutant": f"{letter}{i + 1}A"} for i, letter in enumerate(LONG_WILD_TYPE)]
     for stop in (signal.SIGUSR1, signal.SIGINT):
-        os.mkfifo(mutations)
-        job = start_module(args, "advpt.score")
-        with os.fdopen(_reader_waits(job, mutations), "w", newline="") as handle:
-            writer = csv.DictWriter(handle, ["mutant"])
-            writer.writeheader()
-            writer.writerows(rows)
-        wait_until(job, lambda job=job: not holds_open(job, mutations), "scoring")
-        stopped_as_promised(job, stop)
+        stopped_as_promised(_scoring(args, mutations), stop)
         assert list(out.parent.iterdir()) == []
         mutations.unlink()
-    write_csv(mutations, rows)
-    _scored_afterwards(args, out, len(rows))
+    write_csv(mutations, SCAN)
+    _scored_afterwards(args, out, len(SCAN))
+
+
+@pytest.mark.process
+def test_score_interrupted_at_any_moment_ends_in_its_sentence_and_exit_130(hf_model, tmp_path):
+    """SIGINT from 0.1 to 0.9 s after the command has read its mutations: while it loads the
+    model, whose imports make thousands of methods through ``exec``, where an interrupt made the
+    process die of SIGINT after its sentence (``advpt.command.Interrupted``), and while it
+    scores."""
+    mutations, out = tmp_path / "mutations.csv", tmp_path / "out" / "scores.csv"
+    out.parent.mkdir()
+    args = _score_command(hf_model[1], mutations, out)
+    for delay in (0.1, 0.3, 0.5, 0.7, 0.9):
+        job = _scoring(args, mutations)
+        time.sleep(delay)
+        stopped_as_promised(job, signal.SIGINT)
+        assert list(out.parent.iterdir()) == []
+        mutations.unlink()
