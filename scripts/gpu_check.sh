@@ -12,7 +12,9 @@
 # pretrain_paper, pretrain_sparse_simultaneous (short bf16 pre-training runs at tape-base,
 # length 512: loss must fall, no NaN); throughput (MFU against the bf16 matmul peak measured in
 # the same process; cost_vs_random of random 40%, alternating, simultaneous and
-# sparse-simultaneous with the adversary's share of the step); esm_650m (advpt's ESM-2 650M step
+# sparse-simultaneous with the adversary's share of the step); profile (a torch.profiler trace of
+# 5 random-MLM steps at tape-base, length 512, gpu-bf16: the GPU-busy share, kernels per step,
+# the top kernels and the attention kernel that ran); esm_650m (advpt's ESM-2 650M step
 # against transformers', eager and compiled, with MFU); sampler_bench (fused sampler against the
 # reference); zero_memory (peak memory at ZeRO 0 and 2); max_micro_batch (with and without
 # activation checkpointing); fused_adam (DeepSpeed's FusedAdam, compiled here, against torch's
@@ -66,8 +68,8 @@ from_caller() { # a path given on the command line, relative to where the comman
     case "$1" in /*) echo "$1" ;; *) echo "$CALLER/$1" ;; esac
 }
 
-STEPS="build_sampler cuda_tests pretrain_paper pretrain_sparse_simultaneous throughput esm_650m"
-STEPS+=" sampler_bench zero_memory max_micro_batch fused_adam"
+STEPS="build_sampler cuda_tests pretrain_paper pretrain_sparse_simultaneous throughput profile"
+STEPS+=" esm_650m sampler_bench zero_memory max_micro_batch fused_adam"
 COMMAND=all
 case "${1:-}" in all | report) COMMAND="$1"; shift ;; esac
 OUT=runs/gpu_check
@@ -244,6 +246,8 @@ if [ "$CPU" = 1 ]; then # tiny sizes and the CPU configs
     ESM=(--preset esm2_tiny --batch 2 --length 24 --steps 1 --rounds 1 --warmup 0
         --compile_backend eager)
     SAMPLER=(--quick --device cpu --repeats 1)
+    TRACE=(--cpu --preset tiny --noiser tiny --max_length 64 --micro_batch 8 --workers 0
+        --steps 2 --warmup 1)
     ADAMS=(torch torch-fused) # DeepSpeed's CPU Adam would compile for minutes
 else # the paper's sizes and the GPU configs
     BF16_CONFIG=gpu-bf16
@@ -255,6 +259,7 @@ else # the paper's sizes and the GPU configs
     MICRO=64 MICROS=(32) CAP=4096 STEPS=8 WARMUP=4 ROUNDS=3
     ESM=(--preset esm2_t33_650M --batch 16 --length 512 --steps 3 --rounds 3 --warmup 2)
     SAMPLER=()
+    TRACE=(--preset tape-base --max_length 512 --micro_batch 64 --workers 4 --steps 5 --warmup 3)
     ADAMS=(deepspeed torch-fused)
 fi
 PRETRAIN_LIMIT=90
@@ -276,6 +281,8 @@ pretrain sparse_simultaneous sparse-simultaneous
 throughput throughput 150 --modes random random-40 alternating simultaneous sparse-simultaneous \
     --checkpointing 0 --micro_batches "$MICRO" --zero 2 --steps "$STEPS" --warmup "$WARMUP" \
     --rounds "$ROUNDS"
+step profile 60 "$PYTHON" scripts/trace_step.py "${TRACE[@]}" --ds_config "$BF16_CONFIG" \
+    --noiser_ds_config "$NOISER_CONFIG" --json "$RAW/profile.json"
 step esm_650m 150 "$PYTHON" scripts/bench_esm.py "${ESM[@]}" --dtype bf16 --compile \
     --json "$RAW/esm_650m.json"
 step sampler_bench 60 "$PYTHON" scripts/bench_sampler.py "${SAMPLER[@]}" \

@@ -285,6 +285,21 @@ def _cost(mode: str) -> Callable[[dict[str, Any]], tuple[str, bool | None]]:
     return measure
 
 
+def _profile(result: dict[str, Any]) -> tuple[str, None]:
+    trace = _bench(result, "profile")
+    busy = (
+        f"GPU busy {100 * trace['busy_share']:.0f}% of the step; " if "busy_share" in trace else ""
+    )
+    attention = ", ".join(f"{kind} x{calls:g}" for kind, calls in trace["attention"].items())
+    top = "; ".join(f"{k['name'][:60]} {k['ms_per_step']:.2f} ms" for k in trace["top_kernels"][:3])
+    value = (
+        f"{busy}{trace['kernels_per_step']:.0f} kernels per step; attention: {attention}; "
+        f"top kernels per step: {top} ({trace['preset']}, length {trace['max_length']}, "
+        f"micro-batch {trace['micro_batch']}, {trace['ds_config']})"
+    )
+    return value, None
+
+
 def _esm(result: dict[str, Any]) -> dict[str, Any]:
     return _bench(result, "esm_650m")
 
@@ -357,6 +372,8 @@ FIGURES = [
            f">= {100 * MFU_GOAL:.0f}% of the measured peak", _mfu),
     *(Figure("throughput", f"cost_vs_random, {mode}", f"<= {goal}x" if goal else "-",
              _cost(mode)) for mode, goal in COST_GOALS.items()),
+    Figure("profile", "where a random-MLM step's time goes (torch.profiler, 5 steps)", "-",
+           _profile),
     Figure("esm_650m", "ESM-2 650M training step vs transformers, eager",
            f">= {ESM_SPEEDUP_GOAL:.0f}x", _esm_speedup(False)),
     Figure("esm_650m", "ESM-2 650M training step vs transformers, both compiled",

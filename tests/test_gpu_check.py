@@ -24,7 +24,7 @@ from tests.helpers import REPO, child_env
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
 STEPS = [
     "build_sampler", "cuda_tests", "pretrain_paper", "pretrain_sparse_simultaneous", "throughput",
-    "esm_650m", "sampler_bench", "zero_memory", "max_micro_batch", "fused_adam",
+    "profile", "esm_650m", "sampler_bench", "zero_memory", "max_micro_batch", "fused_adam",
 ]  # fmt: skip
 RESULTS = {"gpu_check.json", "gpu_check.md", "gpu_check.log"}
 
