@@ -12,7 +12,10 @@
 # pretrain_paper, pretrain_sparse_simultaneous (short bf16 pre-training runs at tape-base,
 # length 512: loss must fall, no NaN); throughput (MFU against the bf16 matmul peak measured in
 # the same process; cost_vs_random of random 40%, alternating, simultaneous and
-# sparse-simultaneous with the adversary's share of the step); profile (a torch.profiler trace of
+# sparse-simultaneous with the adversary's share of the step); overhead (random MLM on one fixed
+# full-length micro-batch: DeepSpeed's bf16 optimizer at ZeRO 0 and 2, as shipped before,
+# against bf16 autocast at ZeRO 0 with fused AdamW, as shipped now, and a bare PyTorch loop: ms
+# per step, MFU, host syncs and ops per step); profile (a torch.profiler trace of
 # 5 random-MLM steps at tape-base, length 512, gpu-bf16: the GPU-busy share, kernels per step,
 # the top kernels and the attention kernel that ran); esm_650m (advpt's ESM-2 650M step
 # against transformers', eager and compiled, with MFU); sampler_bench (fused sampler against the
@@ -68,8 +71,8 @@ from_caller() { # a path given on the command line, relative to where the comman
     case "$1" in /*) echo "$1" ;; *) echo "$CALLER/$1" ;; esac
 }
 
-STEPS="build_sampler cuda_tests pretrain_paper pretrain_sparse_simultaneous throughput profile"
-STEPS+=" esm_650m sampler_bench zero_memory max_micro_batch fused_adam"
+STEPS="build_sampler cuda_tests pretrain_paper pretrain_sparse_simultaneous throughput overhead"
+STEPS+=" profile esm_650m sampler_bench zero_memory max_micro_batch fused_adam"
 COMMAND=all
 case "${1:-}" in all | report) COMMAND="$1"; shift ;; esac
 OUT=runs/gpu_check
@@ -278,9 +281,12 @@ step cuda_tests 120 "$PYTHON" -m pytest -q -rs -p no:cacheprovider -k "not compi
     --junitxml "$RAW/tests.xml"
 pretrain paper alternating
 pretrain sparse_simultaneous sparse-simultaneous
-throughput throughput 150 --modes random random-40 alternating simultaneous sparse-simultaneous \
+throughput throughput 180 --modes random random-40 alternating simultaneous sparse-simultaneous \
     --checkpointing 0 --micro_batches "$MICRO" --zero 2 --steps "$STEPS" --warmup "$WARMUP" \
     --rounds "$ROUNDS"
+throughput overhead 90 --modes random --full_length --precisions bf16 bf16-autocast --zero 0 2 \
+    --adam torch-fused --checkpointing 0 --micro_batches "$MICRO" --steps "$STEPS" \
+    --warmup "$WARMUP" --rounds 2
 step profile 60 "$PYTHON" scripts/trace_step.py "${TRACE[@]}" --ds_config "$BF16_CONFIG" \
     --noiser_ds_config "$NOISER_CONFIG" --json "$RAW/profile.json"
 step esm_650m 150 "$PYTHON" scripts/bench_esm.py "${ESM[@]}" --dtype bf16 --compile \

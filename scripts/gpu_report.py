@@ -285,6 +285,21 @@ def _cost(mode: str) -> Callable[[dict[str, Any]], tuple[str, bool | None]]:
     return measure
 
 
+def _overhead(result: dict[str, Any]) -> tuple[str, None]:
+    parts = []
+    for row in _rows(result, "overhead"):
+        if "ms_per_encoder_update" not in row:
+            continue
+        name = "bare PyTorch" if row["mode"] == "bare-pytorch" else f"ZeRO {row['zero']}"
+        parts.append(
+            f"{row['precision']} {name}: {row['ms_per_encoder_update']:.1f} ms, "
+            f"{100 * row['mfu']:.1f}% MFU, {row['host_syncs_per_step']:g} syncs/step"
+        )
+    if not parts:
+        raise ValueError("no row measured")
+    return f"{'; '.join(parts)} ({_settings(result, 'overhead')}, full-length rows)", None
+
+
 def _profile(result: dict[str, Any]) -> tuple[str, None]:
     trace = _bench(result, "profile")
     busy = (
@@ -372,6 +387,8 @@ FIGURES = [
            f">= {100 * MFU_GOAL:.0f}% of the measured peak", _mfu),
     *(Figure("throughput", f"cost_vs_random, {mode}", f"<= {goal}x" if goal else "-",
              _cost(mode)) for mode, goal in COST_GOALS.items()),
+    Figure("overhead", "random MLM on a fixed full-length batch: DeepSpeed's bf16 optimizer "
+           "(ZeRO 0, 2) vs bf16 autocast (ZeRO 0), and a bare loop", "-", _overhead),
     Figure("profile", "where a random-MLM step's time goes (torch.profiler, 5 steps)", "-",
            _profile),
     Figure("esm_650m", "ESM-2 650M training step vs transformers, eager",

@@ -1,11 +1,13 @@
 """The throughput benchmark (scripts/bench_throughput.py) at its tiny preset, in a fresh process."""
 
+import argparse
 import json
 import signal
 import subprocess
 import sys
 
 import pytest
+import torch
 from deepspeed.accelerator import get_accelerator
 
 from tests.helpers import REPO, child_env, load_script, refused_by_script, wait_until
@@ -18,13 +20,15 @@ def test_every_mode_reports_every_field_and_times_the_phases_its_name_says(tmp_p
     """One benchmark of the modes gpu_check's rehearsal does not time, at the tiny preset,
     encoder under ZeRO 2: each row has every field, and times the trainer's own optimizer steps,
     which are its mode's: a warm-up mode (context-warmup: random-only for the first quarter of
-    the run) times adversarial steps. (tests/test_gpu_check.py checks the rows of random 40%,
-    alternating, simultaneous and sparse-simultaneous alike.)"""
+    the run) times adversarial steps. Every mode, and the bare-PyTorch peer, takes the same
+    steps on the same micro-batches, in rounds whose order rotates. (tests/test_gpu_check.py
+    checks the rows of random 40%, alternating, simultaneous and sparse-simultaneous alike.)"""
     out = tmp_path / "bench.json"
     command = [
         sys.executable, "scripts/bench_throughput.py", "--preset", "tiny", "--steps", "2",
         "--warmup", "1", "--checkpointing", "0", "--max_length", "64", "--json", str(out),
-        "--zero", "2", "--modes", "random", "context-warmup", "sparse-alternating", "--rounds", "2",
+        "--zero", "2", "--modes", "random", "context-warmup", "sparse-alternating", "--rounds", "3",
+        "--workers", "0",
     ]  # fmt: skip
     result = subprocess.run(
         command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600
@@ -32,33 +36,120 @@ def test_every_mode_reports_every_field_and_times_the_phases_its_name_says(tmp_p
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["flops_formula"].startswith("6 * N_body * T")
-    assert report["matmul_peak_tflops"] > 0
+    assert report["matmul_peak_tflops"] > 0 and report["rounds"] == 3 and report["data"]
     rows = {row["mode"]: row for row in report["rows"]}
-    assert set(rows) == {"random", "context-warmup", "sparse-alternating"}
+    assert list(rows) == ["random", "context-warmup", "sparse-alternating", "bare-pytorch"]
     for mode, row in rows.items():
         for field in (
             "mode", "precision", "checkpointing", "micro_batch", "samples_per_s", "tokens_per_s",
-            "encoder_tflops", "mfu", "peak_mem_gb", "padding_fraction",
+            "encoder_tflops", "mfu", "padding_fraction", "host_syncs_per_step",
+            "leaf_ops_per_step", "ms_per_encoder_update", "host_ms_per_encoder_update",
         ):  # fmt: skip
             assert row[field] is not None, (mode, field)
         assert row["zero"] == 2 and row["global_batch"] == row["micro_batch"] == 8
-        assert row["tokens_per_s"] > 0 and 0 < row["mfu"] < 1
-        assert len(row["ms_per_round"]) == 2  # every mode timed in each of the two rounds
-        assert row["cost_range"][0] <= row["cost_vs_random"] <= row["cost_range"][1], mode
-        # a timing: its size is a benchmark figure (docs/benchmarks.md), not a property to test
-        assert row["cost_vs_random"] > 0
-        assert row["adversary_share"] == pytest.approx(1 - 1 / row["cost_vs_random"])
+        assert row["tokens_per_s"] > 0 and 0 < row["mfu"] < 1 and row["leaf_ops_per_step"] > 0
+        assert 0 <= row["padding_fraction"] < 1 and row["host_syncs_per_step"] >= 0
+        # whole cycles of every schedule in the cell: alternating's 10 + 10, 1 + 4, random's 1
+        assert (row["warmup_steps"], row["optimizer_steps"], row["micro_batches"]) == (20, 20, 20)
+        assert len(row["ms_per_round"]) == len(row["host_ms_per_round"]) == 3, mode
         # the phases' times are the step's, split: they add up to the time per update
         assert set(row["phase_ms"]) == set(row["phases"]), mode
         assert sum(row["phase_ms"].values()) == pytest.approx(row["ms_per_encoder_update"], 0.02)
+    # the same micro-batches, token for token, in every row of the cell, the bare loop's too
+    assert len({row["data_digest"] for row in rows.values()}) == 1
+    assert len({row["padding_fraction"] for row in rows.values()}) == 1
+    # each round's order is the last one's rotated by one place
+    positions = [row["position_per_round"] for row in rows.values()]
+    assert positions == [[0, 3, 2], [1, 0, 3], [2, 1, 0], [3, 2, 1]]
+    for mode, row in rows.items():
+        if mode == "bare-pytorch":
+            assert "adam" not in row and "cost_vs_random" not in row
+            assert row["optimizer"] and row["gradient_clipping"] == 1.0
+            continue
+        assert len(row["cost_per_round"]) == 3
+        assert row["cost_range"][0] <= row["cost_vs_random"] <= row["cost_range"][1], mode
+        # a timing: its size is a benchmark figure (docs/benchmarks.md), not a property to test
+        assert row["cost_vs_random"] > 0 and row["host_time_vs_bare"] > 0
+        assert row["adversary_share"] == pytest.approx(1 - 1 / row["cost_vs_random"])
+        assert row["ops_vs_bare"] == pytest.approx(
+            row["leaf_ops_per_step"] / rows["bare-pytorch"]["leaf_ops_per_step"]
+        )
         assert row["adam"] == "torch"  # the CPU default, as the shipped CPU configs
     assert rows["random"]["cost_vs_random"] == 1.0
+    assert rows["random"]["ops_vs_bare"] > 1  # advpt's step does what the bare loop does, and more
     assert "cost_vs_random" in result.stdout
-    # whole cycles of the alternating schedule: --steps 2 rounds up to 10 encoder steps
-    assert rows["random"]["phases"] == {"encoder": 10}
+    assert rows["random"]["phases"] == rows["bare-pytorch"]["phases"] == {"encoder": 20}
     assert rows["context-warmup"]["phases"] == {"noiser": 10, "encoder": 10}
-    # one noiser step per four encoder steps
-    assert rows["sparse-alternating"]["phases"] == {"noiser": 1, "encoder": 4}
+    # one noiser step per four encoder steps: per encoder update on the same data, its cost
+    assert rows["sparse-alternating"]["phases"] == {"noiser": 4, "encoder": 16}
+    assert rows["sparse-alternating"]["encoder_updates"] == 16
+
+
+def test_modes_of_a_cell_consume_the_same_micro_batches_in_whole_cycles(tmp_path, distributed):
+    """What each mode's own optimizer steps take from the cell's fixed list, recorded as they
+    take it: the same sequences in the same order for random MLM and for sparse-simultaneous
+    (a cycle of a joint and an encoder step), each masked by its own rates."""
+    bench = load_script("bench_throughput")
+    args = argparse.Namespace(
+        preset="tiny", noiser="tiny", max_length=32, data="bundled:proteome", compile=False,
+        warmup=1, steps=1, workers=0, full_length=False,
+    )  # fmt: skip
+    cell = dict(precision="fp32", checkpointing=0, micro_batch=2, zero=0, global_batch=2,
+                adam="torch")  # fmt: skip
+    modes = ["random", "random-40", "sparse-simultaneous"]
+    trainers = {m: bench.build(args, m, cell, tmp_path / m, torch.device("cpu")) for m in modes}
+    taken = {mode: [] for mode in modes}
+    for mode, trainer in trainers.items():
+        step = trainer.optimizer_step
+
+        def recording(data, step=step, taken=taken[mode]):
+            return step(taken.append(batch) or batch for batch in data)
+
+        trainer.optimizer_step = recording
+    rows = {mode: {} for mode in modes}
+    timed = bench.feed(args, cell, trainers, rows, torch.device("cpu"))
+    for mode in modes:
+        taken[mode].clear()  # the warm-up's
+        assert timed[mode].time()["phases"] == (
+            {"joint": 1, "encoder": 1} if mode == "sparse-simultaneous" else {"encoder": 2}
+        )
+    assert {(r["warmup_steps"], r["optimizer_steps"]) for r in rows.values()} == {(2, 2)}
+    first, *others = (taken[mode] for mode in modes)
+    assert len(first) == 2
+    for batches in others:
+        assert all(torch.equal(a.ids, b.ids) and torch.equal(a.lengths, b.lengths)
+                   for a, b in zip(first, batches, strict=True))  # fmt: skip
+    # random 20% and 40% mask the same sequences differently
+    assert sum(b.random_masked.sum() for b in taken["random-40"]) > sum(
+        b.random_masked.sum() for b in taken["random"]
+    )
+
+
+def test_full_length_rows_are_one_fixed_batch_without_padding(tmp_path, distributed):
+    """``--full_length`` (the GPU check's overhead step): every step of every row takes the same
+    micro-batch of full-length rows; bf16 autocast with fused AdamW at ZeRO 0 makes no host
+    sync, DeepSpeed's bf16 optimizer at ZeRO 0 does."""
+    out = tmp_path / "overhead.json"
+    flags = ["--modes", "random", "--full_length", "--precisions", "bf16", "bf16-autocast",
+             "--adam", "torch-fused", "--max_length", "32", "--micro_batches", "2",
+             "--rounds", "1", "--json", str(out)]  # fmt: skip
+    assert load_script("bench_throughput").main([*TINY, *flags]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["padding_fraction"] for r in rows} == {0.0}
+    assert len({r["data_digest"] for r in rows}) == 1  # one batch for every row
+    syncs = {r["precision"]: r["host_syncs_per_step"] for r in rows if r["mode"] == "random"}
+    assert syncs["bf16-autocast"] == 0 and syncs["bf16"] > 0
+
+
+def test_rounds_rotate_and_steps_come_in_whole_cycles():
+    bench = load_script("bench_throughput")
+    names = ["random", "alternating", "bare-pytorch"]
+    assert [bench.rotation(names, r) for r in range(4)] == [
+        names, ["alternating", "bare-pytorch", "random"], ["bare-pytorch", "random", "alternating"],
+        names,
+    ]  # fmt: skip
+    assert bench.whole_cycles(10, [1, 20, 2]) == 20 and bench.whole_cycles(21, [1, 5, 2]) == 30
+    assert bench.whole_cycles(0, [20]) == 0 and bench.whole_cycles(3, [1]) == 3
 
 
 def test_micro_batch_search_doubles_then_bisects():
@@ -112,7 +203,8 @@ def test_a_precision_that_cannot_run_here_is_refused_not_labelled():
      ("--rounds", "0", "must be at least 1, not 0"),
      ("--workers", "-1", "must be at least 0, not -1"),
      ("--max_micro_batch", "0", "must be at least 1, not 0"),
-     ("--precisions", "fp8", "invalid choice: 'fp8' (choose from 'fp32', 'bf16', 'fp16')")],
+     ("--precisions", "fp8", "invalid choice: 'fp8' (choose from 'fp32', 'bf16', "
+      "'bf16-autocast', 'fp16')")],
 )  # fmt: skip
 def test_every_number_is_checked_by_argparse(capsys, flag, value, said):
     with pytest.raises(SystemExit) as stop:
@@ -134,6 +226,10 @@ def test_what_argparse_cannot_check_is_one_sentence_before_anything_is_measured(
         ([*search, "--precisions", "fp32", "bf16"], "--find_max_micro_batch searches one "
          "precision, ZeRO stage and AdamW: give --precisions, --zero and --adam one value each"),
         (["--json", str(tmp_path)], f"--json {tmp_path} is a folder; name the file to write"),
+        (["--compile", "--zero", "0", "3"], "--compile cannot run under ZeRO stage 3 (--zero 3): "
+         "its parameter gathering breaks the compiled graph at every layer; use stages 0-2"),
+        (["--compile"], "--compile needs --warmup of at least 1: the first steps compile, and "
+         "would be timed"),
     ]:  # fmt: skip
         assert bench.main([*TINY, *flags]) == 2
         assert capsys.readouterr().err == f"advpt: error: {said}\n"
