@@ -435,7 +435,8 @@ def test_a_resume_with_another_seed_scores_the_random_encoder_again_and_mixes_no
     capsys.readouterr()
     assert benchmark(model, gym, resumed, *flags) == 0
     said = capsys.readouterr().out
-    assert f"scoring {RANDOM} again where its columns were made otherwise: seed 0, now 1; weights " in said
+    again = f"scoring {RANDOM} again where its columns were made otherwise: seed 0, now 1; weights "
+    assert again in said
     assert said.count("again where") == 1  # the model and the context-free floor are kept
     clean = tmp_path / "clean"
     assert benchmark(model, gym, clean, *flags) == 0

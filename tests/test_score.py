@@ -377,14 +377,14 @@ def test_score_stopped_while_scoring_keeps_nothing_and_runs_again(hf_model, tmp_
 
 @pytest.mark.process
 def test_score_interrupted_at_any_moment_ends_in_its_sentence_and_exit_130(hf_model, tmp_path):
-    """SIGINT from 0.1 to 0.9 s after the command has read its mutations: while it loads the
-    model, whose imports make thousands of methods through ``exec``, where an interrupt made the
-    process die of SIGINT after its sentence (``advpt.command.Interrupted``), and while it
-    scores."""
+    """SIGINT 0.2 and 0.6 s after the command has read its mutations: while it loads the model,
+    whose imports make thousands of methods through ``exec``, where an interrupt made the
+    process die of SIGINT after its sentence (``advpt.command.Interrupted``; the race itself is
+    caught every time by tests/test_bad_inputs.py), and while it scores."""
     mutations, out = tmp_path / "mutations.csv", tmp_path / "out" / "scores.csv"
     out.parent.mkdir()
     args = _score_command(hf_model[1], mutations, out)
-    for delay in (0.1, 0.3, 0.5, 0.7, 0.9):
+    for delay in (0.2, 0.6):
         job = _scoring(args, mutations)
         time.sleep(delay)
         stopped_as_promised(job, signal.SIGINT)
