@@ -14,8 +14,10 @@ gain syncs unnoticed. :class:`HostSyncs` counts them by call, wherever the step 
   ``torch.cuda.synchronize``.
 
 Calls on tensors that live on the host on a GPU too cannot be told apart on a CPU. So the
-places that read only host tensors by design are not counted: the data pipeline
-(``advpt/data``, in DataLoader workers with ``--num_workers``), the agreement between ranks
+places that read only host tensors by design are not counted: the DataLoader's work
+(``torch/utils/data``: collating micro-batches, in worker processes with ``--num_workers``; the
+data pipeline's code that runs in the step itself, such as packing the encoder's input, is
+counted), the agreement between ranks
 (``advpt/training/distributed.py``, CPU tensors over a gloo group, never the device's) and
 PyTorch's RNN modules and packing (``torch/nn/modules/rnn.py``, ``torch/nn/utils/rnn.py``), which
 read a ``PackedSequence``'s ``batch_sizes``, a CPU tensor on every device. A step counted here
@@ -44,7 +46,7 @@ _SIZED_BY_VALUES = {
 _PACKAGE = str(Path(__file__).resolve().parent)
 _TORCH_NN = Path(torch.nn.__file__).parent
 _HOST_SIDE = (
-    str(Path(_PACKAGE) / "data"),
+    str(Path(torch.utils.data.__file__).parent),
     str(Path(_PACKAGE) / "training" / "distributed.py"),
     str(_TORCH_NN / "modules" / "rnn.py"),
     str(_TORCH_NN / "utils" / "rnn.py"),

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from advpt.command import DEBUG_HELP
+from advpt.data.batching import budget_cuts
 from advpt.environment import pick_device
 from advpt.errors import WRITE_ERRORS, CheckpointError, ConfigError, OutputError, cannot_write
 from advpt.models.encoder import Encoder, MaskedLanguageModel
@@ -127,11 +128,9 @@ def length_batches(lengths: np.ndarray, tokens_per_batch: int) -> Iterator[np.nd
     """Record numbers in batches of similar token ``lengths`` ``[N]``, shortest first, each at
     most ``tokens_per_batch`` tokens when padded (a longer record alone)."""
     order = np.argsort(lengths, kind="stable")
-    start = 0
-    for end in range(1, len(order) + 1):
-        if end == len(order) or (end - start + 1) * lengths[order[end]] > tokens_per_batch:
-            yield order[start:end]
-            start = end
+    bounds = budget_cuts(np.asarray(lengths)[order], tokens_per_batch)
+    for start, end in zip(bounds, bounds[1:], strict=False):
+        yield order[start:end]
 
 
 def refuse_existing(path: Path, overwrite: bool) -> None:

@@ -84,6 +84,15 @@ def test_a_steady_state_step_makes_no_host_sync(tmp_path, distributed, variant, 
     assert syncs.count == 0, dict(syncs.sites)
 
 
+@pytest.mark.parametrize("variant", ["random", "simultaneous"])
+def test_a_packed_step_makes_no_host_sync(tmp_path, distributed, variant):
+    flags = [*VARIANTS[variant], *QUIET, "--max_steps", "1000", "--noiser_start_at", "0"]
+    flags += ["--tokens_per_batch", "192", "--pack"]  # 4 rows of the tests' 48 tokens
+    trainer = build_tiny_trainer(tmp_path, *flags, **shipped("cpu"))
+    syncs = steady_steps(trainer, 6)
+    assert syncs.count == 0, dict(syncs.sites)
+
+
 def test_deepspeeds_own_bf16_optimizer_still_syncs_as_the_docs_say(tmp_path, distributed):
     flags = [*VARIANTS["random"], *QUIET, "--max_steps", "1000"]
     zero2 = shipped("gpu-bf16-zero2")

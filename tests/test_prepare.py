@@ -151,7 +151,7 @@ def test_raw_fasta_and_its_prepared_form_give_identical_batches(tmp_path):
     from_raw = _stream(["--data", str(raw), "--data_cache", str(tmp_path / "cache")])
     from_prepared = _stream(["--data", str(tmp_path / "prepared")])
     assert from_raw.view.dataset.directory.parent == tmp_path / "cache"
-    for number in (0, 7, from_raw.per_epoch + 3):
+    for number in (0, 7, from_raw.batches.batches_per_epoch() + 3):
         a, b = from_raw[number], from_prepared[number]
         assert torch.equal(a.ids, b.ids) and torch.equal(a.inputs, b.inputs)
 

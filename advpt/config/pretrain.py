@@ -103,7 +103,23 @@ class DataConfig(Section):
     skip_bad_records: bool = False
     """Leave out (count and log) records that cannot be read instead of stopping."""
     bucket_batches: int = 50
-    """Micro-batches per length bucket: more gives less padding and less mixing of lengths."""
+    """Micro-batches per length bucket: more gives less padding and less mixing of lengths.
+    With tokens_per_batch a bucket holds bucket_batches x (tokens_per_batch // max_length)
+    proteins."""
+    tokens_per_batch: int = 0
+    """Cut the training stream into micro-batches of at most this many token slots (rows x
+    padded length; ESM's toks_per_batch) instead of the DeepSpeed JSON's
+    train_micro_batch_size_per_gpu sequences, so that every update carries about its token
+    budget whatever the lengths drawn (padded: each micro-batch within a few percent of it);
+    at least max_length. The DeepSpeed micro-batch then only counts micro-batches
+    (accumulation = global_batch / (micro-batch x ranks)), and validation keeps micro-batches
+    of that many sequences. 0 is off."""
+    pack: bool = False
+    """With tokens_per_batch: pack several proteins whole into each row of max_length tokens,
+    tokens_per_batch // max_length rows a micro-batch, attention kept within each protein (a
+    block-diagonal mask) and positions restarting at each, so that every micro-batch has its
+    full budget of slots, nearly all residues. The noiser and the subset sampler still see one
+    protein a row."""
     num_workers: int = 1
     """DataLoader worker processes per rank."""
 
@@ -117,8 +133,14 @@ class DataConfig(Section):
             (0.0 <= self.val_fraction < 1.0, "val_fraction must be in [0, 1)"),
             (self.val_max_batches >= 0, "val_max_batches must be >= 0"),
             (self.bucket_batches >= 1, "bucket_batches must be at least 1"),
+            (self.tokens_per_batch >= 0, "tokens_per_batch must be >= 0"),
+            (self.tokens_per_batch == 0 or self.tokens_per_batch >= self.max_length,
+             f"--tokens_per_batch {self.tokens_per_batch} is below --max_length "
+             f"{self.max_length}: a micro-batch must hold the longest crop (0 turns it off)"),
+            (not self.pack or self.tokens_per_batch > 0,
+             "--pack needs --tokens_per_batch, the token slots of each packed micro-batch"),
             (self.num_workers >= 0, "num_workers must be >= 0"),
-        ]
+        ]  # fmt: skip
 
 
 @dataclass

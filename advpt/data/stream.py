@@ -2,28 +2,40 @@
 
 There is one stream for the whole job, numbered globally: micro-batch ``g`` is batch
 ``g % per_epoch`` of epoch ``g // per_epoch`` of the length-bucketed order of all training
-records, and its crops and random masks are seeded from ``g`` too. Rank ``r`` of ``world``
-takes micro-batches ``start + r, start + r + world, ...``, so one optimizer step of
-``accumulation`` micro-steps consumes the next ``accumulation x world`` numbers whatever the
-split between ranks and accumulation. The data position is then one number, the global count
-of micro-batches consumed, which is all a checkpoint has to store, and a run resumed on another
-number of ranks (same micro-batch size) goes on with the very next micro-batch: within an epoch
-no sequence is repeated or skipped. DataLoader workers prefetch ahead without changing what the
-trainer sees. A single rank's stream is the same as before the stream became global.
+records (with ``--tokens_per_batch`` epochs differ in length and are counted through:
+``TokenBudgetBatches.locate``), and its crops and random masks are seeded from ``g`` too. Rank
+``r`` of ``world`` takes micro-batches ``start + r, start + r + world, ...``, so one optimizer
+step of ``accumulation`` micro-steps consumes the next ``accumulation x world`` numbers whatever
+the split between ranks and accumulation. The data position is then one number, the global
+count of micro-batches consumed, which is all a checkpoint has to store, and a run resumed on
+another number of ranks (same micro-batch size or token budget) goes on with the very next
+micro-batch: within an epoch no sequence is repeated or skipped. DataLoader workers prefetch
+ahead without changing what the trainer sees. A single rank's stream is the same as before the
+stream became global.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Generator, Iterator
+from typing import Protocol
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from advpt.data.batching import LengthBucketedBatches
+from advpt.data.batching import Cut, LengthBucketedBatches
 from advpt.data.collate import Batch, MaskingCollator
 from advpt.data.dataset import CroppedView
 from advpt.errors import DataError
+
+
+class StreamBatches(Protocol):
+    """How the training stream is cut: ``LengthBucketedBatches`` (sequences) or
+    ``TokenBudgetBatches`` (token budgets), of ``advpt.data.batching``."""
+
+    def locate(self, number: int) -> tuple[int, int]: ...
+
+    def cut(self, epoch: int, position: int) -> Cut: ...
 
 
 class MicroBatches(Dataset):
@@ -36,12 +48,12 @@ class MicroBatches(Dataset):
     def __init__(
         self,
         view: CroppedView,
-        batches: LengthBucketedBatches,
+        batches: StreamBatches,
         collate: MaskingCollator,
         rank: int = 0,
         world: int = 1,
     ):
-        if batches.world_size != 1:
+        if isinstance(batches, LengthBucketedBatches) and batches.world_size != 1:
             raise ValueError("the training stream cuts the whole training set (world size 1)")
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} is outside world size {world}")
@@ -50,18 +62,17 @@ class MicroBatches(Dataset):
         self.collate = collate
         self.rank = rank
         self.world = world
-        self.per_epoch = batches.batches_per_epoch()
 
     def __len__(self) -> int:
         raise TypeError("the training stream is endless")
 
     def __getitem__(self, number: int) -> Batch:
-        epoch, position = divmod(number, self.per_epoch)
-        items = self.batches.batch(epoch, position)
-        return self.collate(self.view.examples(items, epoch), number)
+        epoch, position = self.batches.locate(number)
+        cut = self.batches.cut(epoch, position)
+        return self.collate(self.view.examples(cut.items, epoch), number, cut.rows)
 
     def epoch_of(self, number: int) -> int:
-        return number // self.per_epoch
+        return self.batches.locate(number)[0]
 
     def numbers(self, start: int) -> Iterator[int]:
         """This rank's micro-batch numbers once ``start`` micro-batches of the job are consumed."""

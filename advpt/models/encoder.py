@@ -8,6 +8,15 @@ positions only (``Rows``). Attention runs through
 ``torch.nn.functional.scaled_dot_product_attention`` with the padding mask, so PyTorch picks a
 fused kernel where it can.
 
+With ``Segments`` (``--pack``) a row holds several proteins whole: attention stays within each
+protein by a block-diagonal mask, positions restart at each protein, and ESM-2's token dropout
+takes each protein's own ``<mask>`` share, so every protein's states are those it would have
+alone in a row. The mask is a dense ``[B, 1, L, L]`` boolean; on a GPU, SDPA runs it on its
+memory-efficient kernel (which takes any mask; the flash kernel takes none), as it runs the
+padding mask. Nested jagged tensors would reach the flash kernel's variable-length form, but
+train about ten times slower than the mask on a CPU (no fused kernel there), and
+``flex_attention`` has no backward on a CPU: see docs/pretraining.md.
+
 * ``tape``: TAPE's BERT (post-LayerNorm layers, learned positions), TAPE's vocabulary.
 * ``esm2``: ESM-2 (Lin et al. 2023) exactly as ``transformers``' ``EsmForMaskedLM`` computes it:
   pre-LayerNorm layers, rotary positions, a final LayerNorm, ESM's LM head (the same dense + GELU
@@ -139,6 +148,49 @@ class Rows(NamedTuple):
     width: int
 
 
+class Segments(NamedTuple):
+    """Proteins packed whole, several to a row: which protein each token is and where in it.
+
+    ``ids`` ``[B, L]`` int64: each token's protein, numbered across the batch (below
+    ``B x L``); padding has a number distinct from every protein's. ``positions`` ``[B, L]``
+    int64: each token's position in its protein, from 0 at its first token.
+    """
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+
+    def attention_mask(self) -> torch.Tensor:
+        """``[B, 1, L, L]`` bool, block-diagonal: a token attends to its own protein's tokens
+        only (padding to padding, so that no query row is empty)."""
+        return (self.ids[:, :, None] == self.ids[:, None, :]).unsqueeze(1)
+
+    def mean(self, values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """``[B, L]``: the mean of ``values`` ``[B, L]`` over the valid tokens of each token's
+        protein (0 in padding)."""
+        ids, size = self.ids.flatten(), self.ids.numel() + 1  # protein numbers are below B x L
+        sums = values.new_zeros(size).index_add(0, ids, (values * valid).flatten())
+        counts = values.new_zeros(size).index_add(0, ids, valid.flatten().to(values.dtype))
+        return (sums / counts.clamp_min(1))[self.ids]
+
+
+def token_positions(valid: torch.Tensor, segments: Segments | None) -> torch.Tensor:
+    """Each token's position in its protein: ``[L]`` for one protein a row of ``valid``
+    ``[B, L]``, else ``segments.positions`` ``[B, L]``."""
+    if segments is None:
+        return torch.arange(valid.shape[1], device=valid.device)
+    return segments.positions
+
+
+def query_rows(attn_mask: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """A per-query mask ``[B, 1, L, L]`` at the queries of ``rows``: ``[B, 1, rows.width, L]``.
+    Unused slots may attend to every key: a query with none would make the attention NaN, and
+    its output is dropped."""
+    b, _, _, length = attn_mask.shape
+    slots = attn_mask.new_ones(b, rows.width, length)
+    taken = attn_mask[rows.sequence, 0, rows.position]  # [N, L]
+    return slots.index_put((rows.sequence, rows.slot), taken).unsqueeze(1)
+
+
 def rows_of(masked: torch.Tensor, count: int, width: int) -> Rows:
     """The :class:`Rows` of ``masked`` ``[B, L]`` bool, given its true count and the most true
     values in one row (both known on the host, so nothing here waits for the device)."""
@@ -187,10 +239,12 @@ class SelfAttention(nn.Module):
     ) -> torch.Tensor:
         """``x`` ``[B, L, H]`` -> ``[B, L, H]``, or ``[N, H]`` at ``rows`` only.
 
-        ``attn_mask`` ``[B, 1, 1, L]`` bool (true = may attend) or None; ``rotary``: the
-        :class:`RotaryEmbedding` turns ``[L, 1, H / heads / 2]`` (rotary attention). With ``rows``,
-        keys and values are computed everywhere but queries at the rows alone, laid out
-        ``[B, rows.width]`` (a row's positions, then unused slots whose output is dropped).
+        ``attn_mask`` ``[B, 1, 1, L]`` (padding) or ``[B, 1, L, L]`` (packed proteins) bool
+        (true = may attend) or None; ``rotary``: the :class:`RotaryEmbedding` turns
+        ``[L, 1, H / heads / 2]``, or ``[B, L, 1, H / heads / 2]`` for packed proteins (rotary
+        attention). With ``rows``, keys and values are computed everywhere but queries at the
+        rows alone, laid out ``[B, rows.width]`` (a row's positions, then unused slots whose
+        output is dropped).
         """
         b, length, h = x.shape
         heads, size = self.num_heads, h // self.num_heads
@@ -208,9 +262,12 @@ class SelfAttention(nn.Module):
             q = F.linear(x.flatten(0, 1).index_select(0, rows.flat), w_q, b_q)
             q = q.view(-1, heads, size)  # [N, heads, H / heads]
             if rotary is not None:
-                q, k = rotate(q, rotary[rows.position]), rotate(k, rotary)
+                at = (rows.position,) if rotary.dim() == 3 else (rows.sequence, rows.position)
+                q, k = rotate(q, rotary[at]), rotate(k, rotary)
             slots = q.new_zeros(b, rows.width, heads, size)
             q = slots.index_put((rows.sequence, rows.slot), q)  # [B, width, heads, H / heads]
+            if attn_mask is not None and attn_mask.shape[2] > 1:  # one mask row per query
+                attn_mask = query_rows(attn_mask, rows)
         y = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
@@ -316,8 +373,11 @@ class TransformerEncoder(nn.Module):
     rotary: RotaryEmbedding | None
     final_norm: nn.Module
 
-    def embeddings(self, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """The layers' input ``[B, L, H]`` for ``tokens`` ``[B, L]`` or ``[B, L, V]``."""
+    def embeddings(
+        self, tokens: torch.Tensor, valid: torch.Tensor, segments: Segments | None = None
+    ) -> torch.Tensor:
+        """The layers' input ``[B, L, H]`` for ``tokens`` ``[B, L]`` or ``[B, L, V]``, one
+        protein a row of ``valid`` ``[B, L]`` or packed as ``segments`` say."""
         raise NotImplementedError
 
     def forward(
@@ -326,6 +386,7 @@ class TransformerEncoder(nn.Module):
         valid: torch.Tensor,
         has_padding: bool = True,
         rows: Rows | None = None,
+        segments: Segments | None = None,
     ) -> torch.Tensor:
         """Hidden states ``[B, L, H]`` for ids ``[B, L]`` or one-hot ``[B, L, V]``.
 
@@ -336,12 +397,18 @@ class TransformerEncoder(nn.Module):
         queries, attention, output projection and feed-forward block and the final LayerNorm
         run at those rows only (the last layer's keys and values are all the other positions
         contribute), so for masked-LM training most of the last layer's work is skipped.
+        With ``segments`` each row holds several proteins (``--pack``): each attends within
+        itself, from its own positions (``has_padding`` is then not read).
         """
         length = valid.shape[1]
         _check_length(self.cfg, length)
-        x = self.embeddings(tokens, valid)
-        attn_mask = valid[:, None, None, :] if has_padding else None
-        turns = None if self.rotary is None else self.rotary(length, valid.device)
+        x = self.embeddings(tokens, valid, segments)
+        if segments is not None:
+            attn_mask = segments.attention_mask()
+        else:
+            attn_mask = valid[:, None, None, :] if has_padding else None
+        positions = token_positions(valid, segments)
+        turns = None if self.rotary is None else self.rotary(positions)
         every = self.cfg.activation_checkpointing
         x = run_layers(self.layers, x, every, attn_mask, turns, last_rows=rows)
         return self.final_norm(x)
@@ -362,8 +429,10 @@ class ProteinEncoder(TransformerEncoder):
         self.rotary = None
         self.final_norm = nn.Identity()
 
-    def embeddings(self, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(valid.shape[1], device=valid.device)
+    def embeddings(
+        self, tokens: torch.Tensor, valid: torch.Tensor, segments: Segments | None = None
+    ) -> torch.Tensor:
+        positions = token_positions(valid, segments)
         x = embed(self.token_embedding, tokens) + self.position_embedding(positions)
         return self.dropout(self.embedding_norm(x))
 
@@ -380,8 +449,9 @@ def rotary_order(heads: int, size: int) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of ``x`` ``[B, L, heads, D]`` by ``turns`` ``[L, 1, D / 2]``,
-    or of ``x`` ``[N, heads, D]`` by ``turns`` at those ``N`` positions, ``[N, 1, D / 2]``.
+    """Rotary position embedding of ``x`` ``[B, L, heads, D]`` by ``turns`` ``[L, 1, D / 2]``
+    (or ``[B, L, 1, D / 2]``), or of ``x`` ``[N, heads, D]`` by ``turns`` at those ``N``
+    positions, ``[N, 1, D / 2]``.
 
     ``x``'s dimensions come in rotary pairs (:func:`rotary_order`): each pair is one complex
     number, turned by its position's angle. ESM writes the same rotation
@@ -408,11 +478,11 @@ class RotaryEmbedding(nn.Module):
         exponents = torch.arange(0, head_size, 2, dtype=torch.float32) / head_size
         self.register_buffer("inv_freq", 1.0 / base**exponents)
 
-    def forward(self, length: int, device: torch.device) -> torch.Tensor:
-        """complex64 ``[L, 1, D / 2]`` for positions ``0 .. L - 1``, as :func:`rotate` takes."""
-        positions = torch.arange(length, device=device, dtype=torch.float32)
-        angles = positions[:, None] * self.inv_freq[None, :]  # [L, D / 2]
-        return torch.polar(torch.ones_like(angles), angles).unsqueeze(1)
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        """complex64 ``[..., 1, D / 2]`` for int ``positions`` ``[...]`` (``[L]``: one protein
+        a row; ``[B, L]``: packed proteins), as :func:`rotate` takes them."""
+        angles = positions.float()[..., None] * self.inv_freq  # [..., D / 2]
+        return torch.polar(torch.ones_like(angles), angles).unsqueeze(-2)
 
     def _apply(self, fn, recurse=True):
         """What ``.to()``, ``.half()``, ``.bfloat16()`` and the like run: ``inv_freq`` moves
@@ -432,9 +502,9 @@ class Esm2Encoder(TransformerEncoder):
     """ESM-2: token (or one-hot) embeddings, pre-LayerNorm rotary layers, a final LayerNorm.
 
     With ``token_dropout`` (all ESM-2 checkpoints) the ``<mask>`` embeddings are zeroed, as if
-    dropped out, and every row is scaled by ``(1 - 0.12) / (1 - its <mask> share)``, in training
-    and inference alike; with a one-hot input the ``<mask>`` share is the one-hot's ``<mask>``
-    column, so straight-through gradients flow through the rescaling too.
+    dropped out, and every protein is scaled by ``(1 - 0.12) / (1 - its <mask> share)``, in
+    training and inference alike; with a one-hot input the ``<mask>`` share is the one-hot's
+    ``<mask>`` column, so straight-through gradients flow through the rescaling too.
     """
 
     def __init__(self, cfg: EncoderConfig):
@@ -449,20 +519,30 @@ class Esm2Encoder(TransformerEncoder):
         self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
     def token_dropout(
-        self, x: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor
+        self,
+        x: torch.Tensor,
+        tokens: torch.Tensor,
+        valid: torch.Tensor,
+        segments: Segments | None = None,
     ) -> torch.Tensor:
-        """Embeddings ``x`` ``[B, L, H]`` with ``<mask>`` zeroed and each row rescaled."""
+        """Embeddings ``x`` ``[B, L, H]`` with ``<mask>`` zeroed and each protein rescaled by
+        its own ``<mask>`` share: a row's, or with ``segments`` each packed protein's."""
         if tokens.is_floating_point():
             is_mask = tokens[..., self.mask_id].float()  # [B, L]
         else:
             is_mask = (tokens == self.mask_id).float()
-        observed = (is_mask * valid).sum(1) / valid.sum(1)  # [B]
+        if segments is None:
+            observed = ((is_mask * valid).sum(1) / valid.sum(1))[:, None]  # [B, 1]
+        else:
+            observed = segments.mean(is_mask, valid)  # [B, L]
         scale = (1.0 - ESM_MASK_RATIO_TRAIN) / (1.0 - observed)
-        return x * ((1.0 - is_mask) * scale[:, None]).unsqueeze(-1).to(x.dtype)
+        return x * ((1.0 - is_mask) * scale).unsqueeze(-1).to(x.dtype)
 
-    def embeddings(self, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    def embeddings(
+        self, tokens: torch.Tensor, valid: torch.Tensor, segments: Segments | None = None
+    ) -> torch.Tensor:
         x = embed(self.token_embedding, tokens)
-        return self.token_dropout(x, tokens, valid) if self.cfg.token_dropout else x
+        return self.token_dropout(x, tokens, valid, segments) if self.cfg.token_dropout else x
 
 
 Encoder = ProteinEncoder | Esm2Encoder
@@ -535,6 +615,7 @@ class MaskedLanguageModel(nn.Module):
         weight: torch.Tensor | None = None,
         has_padding: bool = True,
         max_per_row: int | None = None,
+        segments: Segments | None = None,
     ) -> MLMOutput:
         """Weighted mean cross-entropy over the masked positions.
 
@@ -548,12 +629,13 @@ class MaskedLanguageModel(nn.Module):
             has_padding: False when the caller knows ``valid`` is all true (no mask needed).
             max_per_row: the most masked positions in one row, known on the host (the
                 trainer's batches carry it); None: counted here, which waits for the device.
+            segments: the proteins of each row when several are packed into one, else None.
         """
         if max_per_row is None:
             max_per_row = int(masked.sum(1).max())
         rows = rows_of(masked, num_masked, max_per_row)
         positions = rows.flat  # [N]
-        hidden = self.encoder(tokens, valid, has_padding, rows=rows)  # [N, H]
+        hidden = self.encoder(tokens, valid, has_padding, rows, segments)  # [N, H]
         logits = self.head(hidden).float()  # [N, V]
         gold = targets.flatten().index_select(0, positions)
         token_loss = F.cross_entropy(logits, gold, reduction="none")

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from advpt.config.pretrain import DataConfig, TrainConfig
-from advpt.data.batching import LengthBucketedBatches
+from advpt.data.batching import LengthBucketedBatches, TokenBudgetBatches
 from advpt.data.cache import locate, on_one_rank
 from advpt.data.clusters import ClusterIndex, ClusterSource
 from advpt.data.collate import MaskingCollator
@@ -84,14 +84,23 @@ def build_data(
     config: TrainConfig, micro_batch: int, rank: int, world: int, vocab: Vocabulary | None = None
 ) -> tuple[MicroBatches, ValidationBatches]:
     """This rank's training stream and its share of the fixed validation sample, in ``vocab``'s
-    ids (the encoder's; default: those of the run's encoder preset)."""
+    ids (the encoder's; default: those of the run's encoder preset). The stream's micro-batches
+    are ``micro_batch`` sequences, or with ``--tokens_per_batch`` a token budget; validation's
+    are ``micro_batch`` sequences either way, so runs with and without it score alike."""
     d, seed = config.dataset, config.run.seed
     vocab = vocab or encoder_config(config.model).vocabulary
     dataset, clusters = open_data(d)
     train, held_out = split(len(dataset), clusters, d.val_fraction, seed, d.sample_by)
     random_rate, adversarial_rate = config.masking_rates()
     view = CroppedView(dataset, train, d.max_length, seed, vocab)
-    batches = LengthBucketedBatches(view, micro_batch, seed=seed, bucket_batches=d.bucket_batches)
+    if d.tokens_per_batch:
+        batches = TokenBudgetBatches(
+            view, d.tokens_per_batch, d.max_length, d.pack, seed, d.bucket_batches
+        )
+    else:
+        batches = LengthBucketedBatches(
+            view, micro_batch, seed=seed, bucket_batches=d.bucket_batches
+        )
     m = config.masking
     spans = m.mean_span if m.random_masking == "span" else None
     collate = MaskingCollator(random_rate, adversarial_rate, seed, vocab, spans)

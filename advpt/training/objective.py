@@ -42,7 +42,7 @@ from advpt.masking.adversarial import (
     position_entropy,
 )
 from advpt.masking.importance import importance_weights, with_random_options
-from advpt.models.encoder import MLMOutput
+from advpt.models.encoder import MLMOutput, Segments
 from advpt.tokenizer import Vocabulary
 from advpt.training.reversal import EngineBridge
 
@@ -75,17 +75,31 @@ def masked_lm(
 ) -> MLMOutput:
     """The encoder's MLM loss on ``batch`` with input ``tokens``, scored at ``masked``.
 
+    A packed batch (``batch.packing``) is packed here, after the noiser and the sampler read it
+    one protein a row, and the output's positions are unpacked: they index ``[B * L]`` either
+    way, so its token losses line up with the noiser's draw. Every protein's loss terms are
+    those it has unpacked, and the loss is their mean over the micro-batch's masked positions
+    in both layouts.
+
     Args:
         encoder: a ``MaskedLanguageModel``, or the engine wrapping it.
         tokens: ``[B, L]`` ids or ``[B, L, V]`` (straight-through one-hot) input.
         masked: ``[B, L]`` bool, the positions whose original residue is predicted.
         weight: ``[B, L]`` per-position loss weight, or None for all 1.
     """
+    packing = batch.packing
     with record_function("advpt.encoder_forward"):  # a range in profiles (scripts/profile_step.py)
-        return encoder(
-            tokens, batch.valid, batch.ids, masked, batch.num_masked, weight, batch.has_padding,
-            batch.max_masked,
+        if packing is None:
+            return encoder(
+                tokens, batch.valid, batch.ids, masked, batch.num_masked, weight,
+                batch.has_padding, batch.max_masked,
+            )  # fmt: skip
+        out = encoder(
+            packing.pack(tokens), packing.valid, packing.pack(batch.ids), packing.pack(masked),
+            batch.num_masked, None if weight is None else packing.pack(weight), True,
+            packing.max_masked, Segments(packing.segment, packing.position),
         )  # fmt: skip
+    return out._replace(positions=packing.unpack_positions(out.positions))
 
 
 class AdversarialObjective:

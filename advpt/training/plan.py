@@ -79,6 +79,7 @@ class RunPlan:
             jsons, ranks, config.global_batch, config.micro_batch,
             same_accumulation=config.simultaneous,
         ).growing(s.max_steps, s.batch_growth_at, s.growth_factor)  # fmt: skip
+        layout = layout.in_tokens(config.dataset.tokens_per_batch, config.dataset.pack)
         run_dir = cls.run_dir_of(config)
         lrs = {"encoder": config.lr}  # the noiser's is its JSON's
         monitor, batch = run_dir.deepspeed_tensorboard, layout.deepspeed_settings

@@ -11,6 +11,12 @@ accumulation (the noiser's JSON may set another global batch), one and the same 
 simultaneous schedule, which steps both together. After ``grows_after`` encoder steps both
 batches grow ``growth_factor``-fold through accumulation (the paper trains at batch 128 for
 about four fifths of training, then at 256).
+
+With ``--tokens_per_batch`` the data stream cuts micro-batches by a budget of token slots
+instead (:meth:`BatchLayout.in_tokens`), so their sequence counts vary: DeepSpeed's
+``train_micro_batch_size_per_gpu`` then only counts micro-batches in its bookkeeping (the global
+batch it is told), and the accumulation, which is what scales each micro-step's gradient, is as
+without. The loss of each micro-batch stays the mean over its masked positions.
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ class BatchLayout:
     accumulation: dict[str, int]  # each engine's micro-steps per optimizer step, before growth
     grows_after: int = 0  # encoder steps after which the batch is grown
     growth_factor: int = 1
+    tokens_per_batch: int = 0  # token slots of a micro-batch (the stream's cut); 0: sequences
+    packed: bool = False  # with tokens_per_batch: several proteins to a row (--pack)
     resumed_from: dict[str, int] | None = field(default=None, compare=False)  # the checkpoint's
 
     @classmethod
@@ -96,6 +104,11 @@ class BatchLayout:
         """This layout grown ``factor``-fold from ``grow_at`` x ``max_steps`` encoder steps on."""
         return replace(self, grows_after=math.ceil(grow_at * max_steps), growth_factor=factor)
 
+    def in_tokens(self, tokens_per_batch: int, packed: bool) -> BatchLayout:
+        """This layout with micro-batches of ``tokens_per_batch`` token slots (0: sequences),
+        ``packed`` several proteins to a row."""
+        return replace(self, tokens_per_batch=tokens_per_batch, packed=packed)
+
     # ------------------------------------------------------------------------- the batch
 
     def grown(self, encoder_step: int) -> bool:
@@ -119,13 +132,17 @@ class BatchLayout:
     # ------------------------------------------------------------------------- checkpoints
 
     def summary(self) -> dict[str, int]:
-        """How the encoder's base global batch is made (what a checkpoint records)."""
-        return {
+        """How the encoder's base global batch is made (what a checkpoint records); with a
+        token budget, that budget and whether it is packed too."""
+        made = {
             "ranks": self.ranks,
             "micro_batch": self.micro_batch,
             "accumulation": self.accumulation["encoder"],
             "global_batch": self.global_batch(),
         }
+        if self.tokens_per_batch:
+            made |= {"tokens_per_batch": self.tokens_per_batch, "packed": int(self.packed)}
+        return made
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -142,6 +159,13 @@ class BatchLayout:
         ``keep_global_batch`` (--global_batch sets another). A checkpoint written before the
         layout was recorded has its micro-batch unchecked."""
         saved = state.get("layout")
+        cut = (saved.get("tokens_per_batch", 0), saved.get("packed", 0)) if saved else None
+        if cut is not None and cut != (self.tokens_per_batch, int(self.packed)):
+            raise CheckpointError(
+                f"checkpoint {tag} in {root} was trained with {_cut_flags(*cut)} and this run "
+                f"has {_cut_flags(self.tokens_per_batch, self.packed)}; resume it with the "
+                "checkpoint's (the data order is cut by them)"
+            )
         if saved is not None and saved["micro_batch"] != self.micro_batch:
             raise CheckpointError(
                 f"checkpoint {tag} in {root} was trained with micro-batch {saved['micro_batch']} "
@@ -166,11 +190,19 @@ class BatchLayout:
     def describe(self, max_steps: int) -> str:
         """The global batch, where it comes from and whether it grows; after a resume on
         another layout, how it changed first."""
-        batch = self.global_batch()
-        text = (
-            f"global batch {batch} sequences = micro-batch {self.micro_batch} x "
-            f"{self.accumulation['encoder']} accumulation step(s) x {self.ranks} rank(s)"
-        )
+        batch, accumulation = self.global_batch(), self.accumulation["encoder"]
+        if self.tokens_per_batch:
+            batch //= self.micro_batch  # micro-batches
+            kind = "packed" if self.packed else "padded"
+            text = (
+                f"global batch {batch} micro-batch(es) of up to {self.tokens_per_batch} token "
+                f"slots ({kind}) = {accumulation} accumulation step(s) x {self.ranks} rank(s)"
+            )
+        else:
+            text = (
+                f"global batch {batch} sequences = micro-batch {self.micro_batch} x "
+                f"{accumulation} accumulation step(s) x {self.ranks} rank(s)"
+            )
         first = self.grows_after + 1  # counted from 1
         if self.growth_factor == 1 or first > max_steps:
             text += ", for the whole run"
@@ -244,6 +276,13 @@ def _engine_batch(
             f"train_batch_size {total}"
         )
     return micro, total // (micro * ranks)
+
+
+def _cut_flags(tokens_per_batch: int, packed: bool) -> str:
+    """How a stream is cut into micro-batches, as the flags that say so."""
+    if not tokens_per_batch:
+        return "no --tokens_per_batch"
+    return f"--tokens_per_batch {tokens_per_batch}" + (" --pack" if packed else "")
 
 
 def check_global_batch(total: int, unit: int, unit_text: str, source: str) -> None:

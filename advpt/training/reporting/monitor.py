@@ -152,7 +152,7 @@ class MetricsAccumulator:
                 ess = effective_sample_share(draw.importance, sample.positions)
             self.add_draw(draw.entropy, ess)
         self.add_step(phase, out.loss, out.token_loss, out.token_correct, is_adv)
-        self.add_tokens(batch.num_tokens, batch.ids.numel())
+        self.add_tokens(batch.num_tokens, batch.slots)
 
     def summarize(self) -> dict[str, Any]:
         """Reduce over ranks, turn sums into metrics and reset. Host sync happens here only."""
