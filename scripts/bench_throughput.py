@@ -75,6 +75,10 @@ its turn in the rotation like a mode; its row names its ``optimizer`` (no ``adam
 ``host_time_vs_bare`` (its host time per encoder update over the bare loop's per step, median of
 the rounds' ratios): random MLM's two are the framework's share of a step.
 
+``--tokens_per_batch`` and ``--pack`` cut the micro-batches as the trainer's flags do (a token
+budget; proteins packed into rows), for packed against padded batches: padding and FLOPs are
+then of the rows the encoder reads.
+
 ``--full_length`` feeds every step one fixed micro-batch of full-length rows instead (every
 row ``--max_length`` tokens, no padding: the same batch, the same masks), so that the rows of a
 cell differ in nothing but their settings: what ``scripts/gpu_check.sh``'s ``overhead`` step
@@ -152,6 +156,7 @@ from advpt.training.engines.engine import (  # noqa: E402
     parameter_groups,
     simple_ds_config,
 )
+from advpt.training.objective import masked_lm  # noqa: E402
 from advpt.training.phases import PHASES  # noqa: E402
 from advpt.training.preemption import StopSignals  # noqa: E402
 from advpt.training.run_dir import write_atomically  # noqa: E402
@@ -188,6 +193,8 @@ def train_config(args, mode: str, checkpointing: int, work: Path) -> TrainConfig
         "--data", args.data, "--run_dir", str(work / "run"), "--log_every", str(10**9),
         "--warmup_steps", "1", "--max_steps", str(10**6), "--noiser_start_at", "0",
         *(["--compile"] if args.compile else []),
+        *(["--tokens_per_batch", str(args.tokens_per_batch)] if args.tokens_per_batch else []),
+        *(["--pack"] if args.pack else []),
     ])  # fmt: skip
 
 
@@ -247,7 +254,8 @@ def peak_memory_gb(device: torch.device) -> float:
 def encoder_work(batch: Batch, preset: str) -> np.ndarray:
     """``[tokens, sequences, encoder FLOPs]`` of a micro-batch of an encoder update
     (``advpt.utilization.FLOPS_FORMULA``)."""
-    tokens, (rows, length) = batch.num_tokens, batch.ids.shape
+    tokens, rows = batch.num_tokens, batch.ids.shape[0]
+    length = (batch.ids if batch.packing is None else batch.packing.valid).shape[1]  # a row's
     flops = encoder_flops(ENCODER_PRESETS[preset], tokens, length, batch.num_masked)
     return np.array([tokens, rows, flops], dtype=np.float64)
 
@@ -332,10 +340,7 @@ class Bare:
         for _ in range(self.window):
             batch = next(data).to(self.device)
             with torch.autocast(self.device.type, self.dtype, enabled=self.dtype is not None):
-                out = self.model(
-                    batch.inputs, batch.valid, batch.ids, batch.random_masked, batch.num_masked,
-                    None, batch.has_padding, batch.max_masked,
-                )  # fmt: skip
+                out = masked_lm(self.model, batch, batch.inputs, batch.random_masked)
             loss = out.loss / self.window if self.window > 1 else out.loss  # only to accumulate
             self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.optimizer)
@@ -358,7 +363,7 @@ class Timed:
     ):  # fmt: skip
         self.step, self.timed, self.steps = step, timed, steps
         self.preset, self.device = preset, device
-        slots = sum(batch.ids.numel() for batch in timed)
+        slots = sum(batch.slots for batch in timed)
         self.padding = 1.0 - sum(batch.num_tokens for batch in timed) / slots
         self._run(warmup, warmup_steps)
 
@@ -763,13 +768,21 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--adam", nargs="+", choices=ADAM_IMPLEMENTATIONS, default=None,
-        help="AdamW implementations (default: torch-fused on a GPU, torch on a CPU, as the "
+        help="AdamW implementations (default: torch-fused, as the "
         "shipped DeepSpeed configs); deepspeed compiles its op on first use",
     )  # fmt: skip
     parser.add_argument(
         "--compile", action="store_true",
         help="the models under torch.compile, as the trainer's --compile (and the bare loop's)",
     )  # fmt: skip
+    parser.add_argument(
+        "--tokens_per_batch", type=non_negative, default=0,
+        help="micro-batches of this many token slots, as the trainer's --tokens_per_batch "
+        "(0: --micro_batches sequences)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--pack", action="store_true", help="proteins packed into rows, as the trainer's --pack"
+    )
     parser.add_argument(
         "--full_length", action="store_true",
         help="time one fixed micro-batch of full-length rows (--max_length tokens each, no "
@@ -787,7 +800,7 @@ def main(argv: list[str] | None = None) -> int:
     cuda = accelerator.device_name() == "cuda"
     args.noiser = args.noiser or ("tiny" if args.preset == "tiny" else "paper")
     args.precisions = args.precisions or (["bf16"] if cuda else ["fp32"])
-    args.adam = args.adam or ["torch-fused" if cuda else "torch"]
+    args.adam = args.adam or ["torch-fused"]  # as the shipped configs
     sample = SWISSPROT_SAMPLE.is_dir()
     args.data = args.data or (str(SWISSPROT_SAMPLE) if sample else BUNDLED_PROTEOME)
     check(args, accelerator)

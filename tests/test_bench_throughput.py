@@ -74,7 +74,7 @@ def test_every_mode_reports_every_field_and_times_the_phases_its_name_says(tmp_p
         assert row["ops_vs_bare"] == pytest.approx(
             row["leaf_ops_per_step"] / rows["bare-pytorch"]["leaf_ops_per_step"]
         )
-        assert row["adam"] == "torch"  # the CPU default, as the shipped CPU configs
+        assert row["adam"] == "torch-fused"  # the default, as the shipped configs
     assert rows["random"]["cost_vs_random"] == 1.0
     assert rows["random"]["ops_vs_bare"] > 1  # advpt's step does what the bare loop does, and more
     assert "cost_vs_random" in result.stdout
@@ -92,7 +92,7 @@ def test_modes_of_a_cell_consume_the_same_micro_batches_in_whole_cycles(tmp_path
     bench = load_script("bench_throughput")
     args = argparse.Namespace(
         preset="tiny", noiser="tiny", max_length=32, data="bundled:proteome", compile=False,
-        warmup=1, steps=1, workers=0, full_length=False,
+        warmup=1, steps=1, workers=0, full_length=False, tokens_per_batch=0, pack=False,
     )  # fmt: skip
     cell = dict(precision="fp32", checkpointing=0, micro_batch=2, zero=0, global_batch=2,
                 adam="torch")  # fmt: skip
