@@ -44,7 +44,6 @@ from advpt.command import command, stopping_on_signals
 from advpt.data.cache import open_data
 from advpt.data.prepared import ProteinDataset
 from advpt.errors import (
-    ConfigError,
     DataError,
     cannot_write,
     shorten,
@@ -58,28 +57,13 @@ from advpt.inference import (
     load_for_inference,
     max_residues,
     pad,
+    resolve_layers,
     start_run,
 )
 from advpt.models.encoder import Encoder
 from advpt.models.weights import encoder_of
 
 NAME_CHUNK = 1 << 16  # names written at a time
-
-
-def resolve_layers(requested: list[int], num_layers: int) -> list[int]:
-    """The layers to write, ``0 .. num_layers``, the last first; negative ones count back from
-    ``num_layers`` (``-1`` is the last)."""
-    layers = [num_layers]
-    for layer in requested:
-        resolved = layer + num_layers + 1 if layer < 0 else layer
-        if not 0 <= resolved <= num_layers:
-            raise ConfigError(
-                f"--layers {layer}: the model has layers 0 (the embeddings) to {num_layers} "
-                "(also -1)"
-            )
-        if resolved not in layers:
-            layers.append(resolved)
-    return layers
 
 
 def layer_key(name: str, layer: int, last: int) -> str:

@@ -36,10 +36,9 @@ from advpt.downstream.suite import (
     local_context,
     run_suite,
 )
-from advpt.embed import resolve_layers
 from advpt.environment import pick_device
 from advpt.errors import ConfigError, OutputError
-from advpt.inference import load_for_inference
+from advpt.inference import load_for_inference, resolve_layers
 from advpt.models.encoder import MaskedLanguageModel
 from advpt.models.weights import encoder_of
 

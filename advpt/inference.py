@@ -92,6 +92,22 @@ def pad(rows: list[np.ndarray], pad_id: int, device: torch.device) -> tuple[torc
     return ids.to(device), valid.to(device)
 
 
+def resolve_layers(requested: list[int], num_layers: int) -> list[int]:
+    """The layers to write, ``0 .. num_layers``, the last first; negative ones count back from
+    ``num_layers`` (``-1`` is the last)."""
+    layers = [num_layers]
+    for layer in requested:
+        resolved = layer + num_layers + 1 if layer < 0 else layer
+        if not 0 <= resolved <= num_layers:
+            raise ConfigError(
+                f"--layers {layer}: the model has layers 0 (the embeddings) to {num_layers} "
+                "(also -1)"
+            )
+        if resolved not in layers:
+            layers.append(resolved)
+    return layers
+
+
 @torch.no_grad()
 def layer_states(
     encoder: Encoder, ids: torch.Tensor, valid: torch.Tensor, layers: list[int]
