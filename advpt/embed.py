@@ -51,7 +51,6 @@ from advpt.errors import (
 from advpt.inference import (
     SPECIAL_TOKENS,
     add_run_flags,
-    atomic_output,
     layer_states,
     length_batches,
     load_for_inference,
@@ -62,6 +61,7 @@ from advpt.inference import (
 )
 from advpt.models.encoder import Encoder
 from advpt.models.weights import encoder_of
+from advpt.outputs import atomic_output
 
 NAME_CHUNK = 1 << 16  # names written at a time
 

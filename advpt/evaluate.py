@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from advpt.errors import ConfigError, OutputError
 from advpt.inference import load_for_inference, resolve_layers
 from advpt.models.encoder import MaskedLanguageModel
 from advpt.models.weights import encoder_of
+from advpt.outputs import check_writable
 
 
 def subjects_of(config: EvaluateConfig, device: torch.device) -> list[Subject]:
@@ -82,25 +82,6 @@ def check_results_out(config: EvaluateConfig) -> Path:
         raise OutputError(f"--out {out} already holds results.json; pass --overwrite to replace it")
     check_writable(out)
     return out
-
-
-def check_writable(out: Path) -> None:
-    """That a file can be made in ``out``, or where it does not exist yet in its nearest
-    existing parent, which must be a folder: tried with a nameless temporary file, so nothing is
-    left."""
-    base = out
-    while not base.exists() and base != base.parent:
-        base = base.parent
-    if not base.is_dir():
-        raise OutputError(f"--out {out} cannot be made: {base} is a file, not a folder")
-    try:
-        with tempfile.TemporaryFile(dir=base):
-            pass
-    except OSError as err:
-        why = err.strerror or err
-        raise OutputError(
-            f"cannot write --out {out}: making a file in {base} failed ({why})"
-        ) from None
 
 
 @command

@@ -7,18 +7,12 @@
   :func:`length_batches`: records grouped into such batches by length.
 * :func:`layer_states`: the hidden states of chosen layers, as ESM's ``extract.py`` numbers
   them.
-* :func:`atomic_output`: a result file written beside its destination and moved in when
-  complete, never over an existing one unless asked; :func:`write_together`: a set of them,
-  moved in together.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,9 +21,10 @@ import torch
 from advpt.command import DEBUG_HELP
 from advpt.data.batching import budget_cuts
 from advpt.environment import pick_device
-from advpt.errors import WRITE_ERRORS, CheckpointError, ConfigError, OutputError, cannot_write
+from advpt.errors import CheckpointError, ConfigError
 from advpt.models.encoder import Encoder, MaskedLanguageModel
 from advpt.models.weights import encoder_of
+from advpt.outputs import refuse_existing
 from advpt.training.checkpointing.consolidate import load_model
 
 SPECIAL_TOKENS = 2  # <cls> before a sequence's residues and <eos> (TAPE's <sep>) after them
@@ -147,73 +142,3 @@ def length_batches(lengths: np.ndarray, tokens_per_batch: int) -> Iterator[np.nd
     bounds = budget_cuts(np.asarray(lengths)[order], tokens_per_batch)
     for start, end in zip(bounds, bounds[1:], strict=False):
         yield order[start:end]
-
-
-def refuse_existing(path: Path, overwrite: bool) -> None:
-    """An ``OutputError`` if ``path`` exists and may not be replaced (or is no file, or a
-    link: whatever it points at is not advpt's to replace)."""
-    if path.is_symlink():
-        raise OutputError(f"--out {path} is a symbolic link; name the file itself or another one")
-    if path.is_dir():
-        raise OutputError(f"--out {path} is a directory; name the file to write")
-    if path.exists() and not overwrite:
-        raise OutputError(f"--out {path} exists; pass --overwrite to replace it")
-
-
-@contextlib.contextmanager
-def staging_file(path: Path) -> Iterator[Path]:
-    """A new empty temporary file beside ``path`` to write, deleted when the block ends unless
-    it was moved away first.
-
-    Its name is random and known before the file is made, inside the ``try``, so that a stop
-    signal at any moment leaves nothing behind; it is made anew (``O_EXCL``), never through a
-    link someone put there."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(8)}.tmp")
-    try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-        os.close(os.open(staging, flags, 0o600))
-        yield staging
-    finally:
-        staging.unlink(missing_ok=True)
-
-
-def _publish(staging: Path, path: Path) -> None:
-    os.chmod(staging, 0o644)
-    os.replace(staging, path)
-
-
-@contextlib.contextmanager
-def atomic_output(path: Path) -> Iterator[Path]:
-    """A temporary file beside ``path`` to write (:func:`staging_file`); moved onto ``path``
-    (mode 0644) when the block ends without an error, deleted when it raises: a reader never
-    sees half a result."""
-    with staging_file(path) as staging:
-        yield staging
-        _publish(staging, path)
-
-
-def write_together(writers: dict[Path, Callable[[Path], object]]) -> list[Path]:
-    """Each file of ``writers`` written by its function into a staging file, and all of them
-    moved into place only once every one is written: a result set whole or not at all. The
-    first file is moved in last, so that its presence means the others are there. A function
-    that returns ``False`` wrote nothing to keep (a plot without matplotlib): its file is left out.
-
-    Returns the paths written; a write that fails is one sentence naming its file (the
-    destination, not the staging file), and nothing of the set is moved in."""
-    with contextlib.ExitStack() as stack:
-        staged = []
-        for path, write in writers.items():
-            staging = stack.enter_context(staging_file(path))
-            try:
-                kept = write(staging)
-            except WRITE_ERRORS as err:
-                raise cannot_write(err, path, staging) from err
-            if kept is not False:
-                staged.append((staging, path))
-        try:
-            for staging, path in reversed(staged):
-                _publish(staging, path)
-        except OSError as err:
-            raise cannot_write(err, path, staging) from err
-    return [path for _, path in staged]

@@ -48,12 +48,12 @@ from advpt.errors import (
 )
 from advpt.inference import (
     add_run_flags,
-    atomic_output,
     load_for_inference,
     max_residues,
     start_run,
 )
 from advpt.models.encoder import MaskedLanguageModel
+from advpt.outputs import atomic_output
 from advpt.scoring import Mutation, masked_marginals, parse_variant
 from advpt.tokenizer import IUPAC_LETTERS
 

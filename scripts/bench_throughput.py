@@ -147,6 +147,7 @@ from advpt.errors import ConfigError, cannot_write  # noqa: E402
 from advpt.host_syncs import HostSyncs  # noqa: E402
 from advpt.models import ENCODER_PRESETS, NOISER_PRESETS, MaskedLanguageModel  # noqa: E402
 from advpt.models.encoder import check_max_length  # noqa: E402
+from advpt.outputs import write_atomically  # noqa: E402
 from advpt.training.build import build_trainer  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
 from advpt.training.engines.compilation import compile_forward  # noqa: E402
@@ -159,7 +160,6 @@ from advpt.training.engines.engine import (  # noqa: E402
 from advpt.training.objective import masked_lm  # noqa: E402
 from advpt.training.phases import PHASES  # noqa: E402
 from advpt.training.preemption import StopSignals  # noqa: E402
-from advpt.training.run_dir import write_atomically  # noqa: E402
 from advpt.training.schedule import ENCODER  # noqa: E402
 from advpt.training.trainer import Trainer  # noqa: E402
 from advpt.utilization import (  # noqa: E402

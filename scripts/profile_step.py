@@ -60,12 +60,12 @@ from advpt.models import (  # noqa: E402
     build_noiser,
 )
 from advpt.models.encoder import check_max_length  # noqa: E402
+from advpt.outputs import write_atomically  # noqa: E402
 from advpt.training.build import build_trainer  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
 from advpt.training.engines.engine import simple_ds_config  # noqa: E402
 from advpt.training.objective import masked_lm  # noqa: E402
 from advpt.training.preemption import StopSignals  # noqa: E402
-from advpt.training.run_dir import write_atomically  # noqa: E402
 from advpt.training.schedule import ENCODER, NOISER  # noqa: E402
 from advpt.variants import VARIANTS  # noqa: E402
 

@@ -17,8 +17,8 @@ import numpy as np
 from advpt.downstream.proteingym_metrics import METRICS, Summary, summarise
 from advpt.downstream.proteingym_run import SCORES, TASK, Benchmark, Scored
 from advpt.downstream.suite import Subject
-from advpt.inference import write_together
 from advpt.markdown import number_cell, table
+from advpt.outputs import write_together
 
 
 def summaries(results: list[Scored], names: list[str], seed: int) -> dict[str, Summary]:
@@ -199,7 +199,7 @@ def write(
     subjects: list[Subject],
 ) -> tuple[list[Path], str]:
     """``results.json``, ``results.md`` and ``results.png`` (with matplotlib) in ``out``, all or
-    none of them (:func:`~advpt.inference.write_together`); the paths written and the
+    none of them (:func:`~advpt.outputs.write_together`); the paths written and the
     Markdown."""
     names = list(results[0].scores)
     kinds = [next(s.kind for s in subjects if s.name == n) for n in names]

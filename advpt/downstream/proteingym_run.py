@@ -17,7 +17,7 @@ merged scores, which its ``performance_DMS_benchmarks.py`` reads. Beside it,
 ``scores/<DMS_id>.columns.json`` records what made each column (:func:`column_record`: the
 scoring method, the model's weights digest and window or the unigram's, the wild type, the seed
 of a random encoder) and the digest of the values written. Both are written together when the
-assay is scored (:func:`advpt.inference.write_together`). A run that is stopped keeps the files
+assay is scored (:func:`advpt.outputs.write_together`). A run that is stopped keeps the files
 it finished; run again, it reads their columns back (where they hold the assay's variants) and
 scores only the subjects missing there, or whose column was made otherwise than this run would
 make it (another seed, window or model under the same name; a column without a record, or whose
@@ -55,9 +55,9 @@ from advpt.downstream.proteingym import (
 from advpt.downstream.proteingym_metrics import assay_metrics
 from advpt.downstream.suite import CONTEXT_FREE, Subject
 from advpt.errors import ConfigError, OutputError, shorten
-from advpt.inference import write_together
 from advpt.models.encoder import MaskedLanguageModel
 from advpt.models.weights import weights_digest
+from advpt.outputs import write_together
 from advpt.scoring import site_log_odds
 from advpt.tokenizer import STANDARD_RESIDUES
 

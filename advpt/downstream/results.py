@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from advpt.downstream.suite import Subject
-from advpt.inference import write_together
 from advpt.markdown import number_cell, table
+from advpt.outputs import write_together
 
 RHO = "Spearman's rho of"
 COLUMNS = (
@@ -103,7 +103,7 @@ def as_json(header: dict[str, Any], subjects: list[Subject]) -> dict[str, Any]:
 
 def write(out: Path, header: dict[str, Any], subjects: list[Subject]) -> list[Path]:
     """``results.json``, ``results.md`` and ``results.png`` (with matplotlib) in ``out``, all
-    or none of them (:func:`~advpt.inference.write_together`); the paths written."""
+    or none of them (:func:`~advpt.outputs.write_together`); the paths written."""
     document = json.dumps(as_json(header, subjects), indent=2) + "\n"
     return write_together(
         {

@@ -13,7 +13,7 @@ from pathlib import Path
 from advpt.command import DEBUG_HELP, command
 from advpt.environment import describe, environment, pick_device
 from advpt.errors import ConfigError, OutputError
-from advpt.training.run_dir import write_atomically
+from advpt.outputs import write_atomically
 
 
 @command

@@ -13,6 +13,7 @@ import torch
 from advpt.config.cli import parse
 from advpt.config.pretrain import DataConfig, TrainConfig
 from advpt.errors import ConfigError, DataError
+from advpt.outputs import write_atomically
 from advpt.study.arms import JUDGE, JUDGE_SEED, SCORE_RATE
 from advpt.study.results import (
     EQUAL_COMPUTE_WEIGHTS,
@@ -24,7 +25,6 @@ from advpt.study.results import (
 from advpt.study.sizes import Size
 from advpt.training.build import build_trainer, open_data
 from advpt.training.engines.engine import simple_ds_config
-from advpt.training.run_dir import write_atomically
 from advpt.training.schedule import random_only_steps
 from advpt.training.trainer import Trainer
 from advpt.variants import VARIANTS

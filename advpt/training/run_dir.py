@@ -22,14 +22,13 @@ A fine-tuning run (``advpt.finetune``) writes ``config.json``, its resolved Deep
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from advpt.errors import ConfigError, cannot_write
+from advpt.outputs import write_atomically
 
 LATEST = "latest"  # under checkpoints/: the tag of the newest complete checkpoint
 LOCK_FILE = ".lock"
@@ -124,20 +123,6 @@ class RunDir:
 
     def __str__(self) -> str:
         return str(self.root)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``path`` atomically: readers see the old content or the whole new one. The text
-    goes to a new file of a random name beside it (made with ``O_EXCL``, never through a link
-    or a file someone left there), which then replaces ``path``."""
-    handle, staging = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w") as out:
-            out.write(text)
-        os.chmod(staging, 0o644)
-        os.replace(staging, path)
-    finally:
-        Path(staging).unlink(missing_ok=True)
 
 
 def check_run_dir(run_dir: RunDir, occupied: Callable[[RunDir], str]) -> None:

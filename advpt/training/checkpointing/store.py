@@ -53,6 +53,7 @@ from deepspeed.utils.tensor_fragment import fragment_address
 
 from advpt.errors import CheckpointError, first_line, shorten
 from advpt.models.encoder import ENCODER_PRESETS, EncoderConfig
+from advpt.outputs import write_atomically
 from advpt.safe_load import load_weights_only, read_json
 from advpt.training import distributed
 from advpt.training.checkpointing.reshard import (
@@ -60,7 +61,7 @@ from advpt.training.checkpointing.reshard import (
     load_partitioned_optimizer,
     partitioned,
 )
-from advpt.training.run_dir import LATEST, write_atomically
+from advpt.training.run_dir import LATEST
 
 logger = logging.getLogger(__name__)
 
