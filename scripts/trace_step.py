@@ -39,7 +39,6 @@ import torch  # noqa: E402
 from torch.autograd import DeviceType  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
-from advpt import ds_configs  # noqa: E402
 from advpt.command import DEBUG_HELP, command, non_negative, positive  # noqa: E402
 from advpt.config.cli import parse  # noqa: E402
 from advpt.config.pretrain import TrainConfig  # noqa: E402
@@ -51,6 +50,7 @@ from advpt.models.encoder import check_max_length  # noqa: E402
 from advpt.outputs import write_atomically  # noqa: E402
 from advpt.training.build import build_trainer  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
+from advpt.training.engines.engine import read_ds_config  # noqa: E402
 from advpt.variants import VARIANTS  # noqa: E402
 
 ATTENTION = {
@@ -152,14 +152,8 @@ def trace(args) -> dict:
 def check(args) -> None:
     """What argparse cannot check alone, before anything is built: one sentence each."""
     check_max_length(ENCODER_PRESETS[args.preset], args.max_length, args.preset)
-    on_cpu = os.environ.get("DS_ACCELERATOR") == "cpu" or not torch.cuda.is_available()
-    for flag, name, role in (("--ds_config", args.ds_config, "encoder"),
-                             ("--noiser_ds_config", args.noiser_ds_config, "noiser")):  # fmt: skip
-        if ds_configs.resolve(name, role, on_cpu) is None:
-            raise ConfigError(
-                f"{flag} {name} is neither a file nor a shipped {role} config "
-                f"({', '.join(ds_configs.names(role))})"
-            )
+    read_ds_config(args.ds_config, "encoder")  # a file, or a shipped name: one sentence if not
+    read_ds_config(args.noiser_ds_config, "noiser")
     train_config(args, Path())  # every setting a trainer checks
     if args.json is not None and args.json.is_dir():
         raise ConfigError(f"--json {args.json} is a folder; name the file to write")

@@ -77,3 +77,19 @@ def test_a_stop_signal_during_the_noiser_table_ends_with_75_and_keeps_everything
     assert [row["mode"] for row in written["rows"]] == ["random"]
     assert [row["noiser"] for row in written["noisers"]] == ["gru", "transformer", "conv"]
     assert written["header"].endswith("(stopped early)")
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--ds_config", "gpu-bf17"], "DeepSpeed config gpu-bf17 is neither a file nor a shipped "
+         "encoder config (cpu, cpu-bf16, gpu-bf16, gpu-bf16-zero2, gpu-fp16, gpu-lamb)"),
+        (["--noiser_ds_config", "nope"], "DeepSpeed config nope is neither a file nor a shipped "
+         "noiser config (cpu, gpu)"),
+        (["--preset", "tiny", "--max_length", "2000"], "--max_length 2000"),
+    ],
+)  # fmt: skip
+def test_trace_step_refuses_bad_arguments_in_one_sentence_before_building(capsys, flags, said):
+    assert load_script("trace_step").main(["--cpu", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"advpt: error: {said}") and "\n" not in err
