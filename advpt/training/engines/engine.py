@@ -261,7 +261,7 @@ class NonFiniteStepGuard:
         into that time, counted whole across calls), read from the device."""
         if self._skipped is None:
             return 0, 0
-        skipped, most = (int(x) for x in torch.stack([self._skipped, self._most_in_a_row]))
+        skipped, most = map(int, torch.stack([self._skipped, self._most_in_a_row]).tolist())
         self._skipped = torch.zeros_like(self._skipped)
         self._most_in_a_row = self._in_a_row.clone()  # a run of skips may go on
         return skipped, most
