@@ -1,5 +1,5 @@
 """``python -m advpt.build_extensions``: build the C++ ops this machine's runs use, once, into
-this environment's own extensions folder (``advpt.extensions``).
+this environment's own extensions folder (``advpt.native_builds``).
 
 On a machine without a GPU that is DeepSpeed's shared-memory collectives op, which every run
 needs to join its process group (about a minute on 2 cores); on a CUDA machine, advpt's fused
@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from advpt.extensions import extensions_folder
     from advpt.kernels import load_subset_sampler
+    from advpt.native_builds import extensions_folder
     from advpt.training.distributed import SHM_OP, build_collectives_op
 
     built = []

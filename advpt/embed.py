@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from advpt.command import command, stopping_on_signals
 from advpt.data.cache import open_data
-from advpt.data.prepared import ProteinDataset
+from advpt.data.residue_store import ProteinDataset
 from advpt.errors import (
     DataError,
     cannot_write,

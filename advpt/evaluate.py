@@ -24,7 +24,7 @@ import torch
 
 from advpt.command import command, stopping_on_signals
 from advpt.config.cli import parse
-from advpt.config.evaluate import EvaluateConfig
+from advpt.config.evaluation import EvaluateConfig
 from advpt.downstream import eval_data, proteingym_results, proteingym_run, results
 from advpt.downstream.proteingym_run import open_benchmark
 from advpt.downstream.suite import (

@@ -42,7 +42,7 @@ from tqdm import tqdm  # noqa: E402
 
 from advpt.command import command, rank  # noqa: E402
 from advpt.config.cli import parse  # noqa: E402
-from advpt.config.finetune import FinetuneConfig  # noqa: E402
+from advpt.config.finetuning import FinetuneConfig  # noqa: E402
 from advpt.data.batching import LengthBucketedBatches  # noqa: E402
 from advpt.data.tape_tasks import TaskSplit, collate, read_split  # noqa: E402
 from advpt.errors import WRITE_ERRORS, ConfigError, cannot_write  # noqa: E402

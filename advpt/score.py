@@ -54,8 +54,8 @@ from advpt.inference import (
 )
 from advpt.models.encoder import MaskedLanguageModel
 from advpt.outputs import atomic_output
-from advpt.scoring import Mutation, masked_marginals, parse_variant
 from advpt.tokenizer import IUPAC_LETTERS
+from advpt.variant_effects import Mutation, masked_marginals, parse_variant
 
 MUTANT_COLUMN, SCORE_COLUMN, MEASURED_COLUMN = "mutant", "score", "DMS_score"
 

@@ -13,10 +13,10 @@ handles token ids (data, masking, noisers, fine-tuning, export) takes it from th
 A sequence is encoded as ``<cls>`` + residues + the end token (TAPE's ``<sep>``, ESM's ``<eos>``).
 Both vocabularies accept the same characters: the 25 IUPAC letters, either case, and one trailing
 stop codon ``*``. So a data set that is valid for one is valid for the other. A prepared data set
-(``advpt.data.prepared``) stores each residue once as a vocabulary-independent *storage code*, its
-upper-case letter, or ``UNKNOWN_CODE`` for a character that ``unknown_to_unk`` maps to ``<unk>``
-(:func:`residue_codes`), and every vocabulary reads the codes through its own 256-entry table
-(:attr:`Vocabulary.code_to_id`, :meth:`Vocabulary.encode_codes`).
+(``advpt.data.residue_store``) stores each residue once as a vocabulary-independent *storage
+code*, its upper-case letter, or ``UNKNOWN_CODE`` for a character that ``unknown_to_unk`` maps to
+``<unk>`` (:func:`residue_codes`), and every vocabulary reads the codes through its own 256-entry
+table (:attr:`Vocabulary.code_to_id`, :meth:`Vocabulary.encode_codes`).
 """
 
 from __future__ import annotations

@@ -42,8 +42,8 @@ import psutil
 
 from advpt.data.bundled import BUNDLED_PROTEOME
 from advpt.data.cache import locate
-from advpt.data.preparation import prepare
-from advpt.data.prepared import ProteinDataset
+from advpt.data.ingest import prepare
+from advpt.data.residue_store import ProteinDataset
 from advpt.training.engines.engine import simple_ds_config
 from advpt.training.reporting.run_metrics import read_rows
 

@@ -5,7 +5,7 @@
 
 A randomly initialised masked LM of ``--preset`` (the time does not depend on the weights) is
 scored by ``python -m advpt.evaluate`` without its baselines, with the evaluation data already
-prepared (``python -m advpt.downstream.prepare``; its one-off cost is printed separately when
+prepared (``python -m advpt.downstream.prepare_suite``; its one-off cost is printed separately when
 this run makes it). Prints one row per task and the total, in seconds.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from advpt.command import DEBUG_HELP, command
-from advpt.config.evaluate import SUITE_TASKS
+from advpt.config.evaluation import SUITE_TASKS
 from advpt.downstream import eval_data
 from advpt.environment import describe, environment, pick_device
 from advpt.evaluate import main as evaluate

@@ -64,7 +64,7 @@ fi
 export ADVPT_GPUS
 
 # The C++ op every run of this machine needs (DeepSpeed's CPU collectives; on a GPU, the fused
-# sampler), built once per environment into a folder of its own (advpt/extensions.py): no run
+# sampler), built once per environment into a folder of its own (advpt/native_builds.py): no run
 # pays the build or can be killed inside it, and another environment never rebuilds it.
 ops_stamp="$ADVPT_ENV/.advpt-extensions-built-$ADVPT_GPUS"
 if [ ! -e "$ops_stamp" ] || [ "$stamp" -nt "$ops_stamp" ]; then

@@ -16,8 +16,8 @@ from advpt.data.batching import LengthBucketedBatches
 from advpt.data.cache import open_data
 from advpt.data.collate import MaskingCollator
 from advpt.data.dataset import CroppedView
-from advpt.data.preparation import prepare
-from advpt.data.prepared import ProteinDataset
+from advpt.data.ingest import prepare
+from advpt.data.residue_store import ProteinDataset
 from advpt.data.sampling import AllRecords
 from advpt.data.stream import MicroBatches, stream_loader
 from advpt.errors import DataError

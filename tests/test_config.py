@@ -7,8 +7,8 @@ import typing
 import pytest
 
 from advpt.config.cli import OLD_SECTIONS, build_parser, parse
-from advpt.config.evaluate import EvaluateConfig
-from advpt.config.finetune import FinetuneConfig
+from advpt.config.evaluation import EvaluateConfig
+from advpt.config.finetuning import FinetuneConfig
 from advpt.config.pretrain import MethodConfig, ModelConfig, TrainConfig
 from advpt.config.section import field_docs
 from advpt.errors import ConfigError

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from advpt import ds_configs
-from advpt.config.finetune import FinetuneConfig
+from advpt.config.finetuning import FinetuneConfig
 from advpt.config.pretrain import TrainConfig
 from advpt.config.section import field_docs
 from advpt.errors import ConfigError

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from advpt.config.cli import parse
-from advpt.config.finetune import FinetuneConfig
+from advpt.config.finetuning import FinetuneConfig
 from advpt.export import main as export_main
 from advpt.finetune import Finetuner
 from advpt.models import MaskedLanguageModel

@@ -15,7 +15,7 @@ import torch
 
 from advpt.correlation import spearman
 from advpt.data.homology import cluster_ids, fewest_clusters, split_clusters
-from advpt.downstream import eval_data, prepare
+from advpt.downstream import eval_data, prepare_suite
 from advpt.downstream.dms import SCANS, SOURCES, datasets_dir
 from advpt.downstream.features import EncoderFeatures, OneHotFeatures
 from advpt.downstream.localisation import COMPARTMENTS, SWISSPROT
@@ -280,7 +280,9 @@ def test_a_missing_source_is_one_sentence_naming_its_flag_variable_and_package(
     tmp_path, capsys, source, named, package
 ):
     where = "none.dat" if source == "structure_db" else "none"
-    code = prepare.main(["--cache", str(tmp_path / "cache"), f"--{source}", str(tmp_path / where)])
+    code = prepare_suite.main(
+        ["--cache", str(tmp_path / "cache"), f"--{source}", str(tmp_path / where)]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert f"cannot find {tmp_path / named}" in err

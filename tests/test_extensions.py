@@ -1,4 +1,4 @@
-"""No advpt process ever waits silently on a C++ op's build lock (advpt/extensions.py).
+"""No advpt process ever waits silently on a C++ op's build lock (advpt/native_builds.py).
 
 The commands run in a second Python environment made here, a virtual environment whose site
 reads this one's packages, as a user's second environment would: its ops build into its own
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from advpt import extensions
+from advpt import native_builds
 from tests.helpers import (
     REPO,
     child_env,
@@ -49,7 +49,7 @@ def second_env(tmp_path: Path) -> Path:
 def _env(**extra: str) -> dict[str, str]:
     """A child's environment with no extensions folder chosen, unless ``extra`` names one."""
     env = child_env()
-    env.pop(extensions.ENV, None)
+    env.pop(native_builds.ENV, None)
     env.pop("ADVPT_OWN_EXTENSIONS_DIR", None)
     return env | extra
 
@@ -112,11 +112,12 @@ def _stops_with_one_sentence(job: subprocess.Popen, log: Path) -> None:
 def test_each_environment_builds_into_a_folder_of_its_own(second_env):
     """Two environments never share a build folder, so neither rebuilds the other's op."""
     theirs = subprocess.run(
-        [str(second_env), "-c", "from advpt.extensions import extensions_folder as f; print(f())"],
+        [str(second_env), "-c",
+         "from advpt.native_builds import extensions_folder as f; print(f())"],
         env=_env(), capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     assert Path(theirs) == second_env.parent.parent / "var" / "advpt" / "torch_extensions"
-    assert Path(theirs) != extensions.extensions_folder()
+    assert Path(theirs) != native_builds.extensions_folder()
 
 
 def _a_killed_build_is_cleared_by_the_next(
@@ -168,8 +169,8 @@ def test_a_start_while_another_advpt_process_builds_says_whom_it_waits_for(
 ):
     folder = second_env.parent.parent / "var" / "advpt" / "torch_extensions"
     log = tmp_path / "waiting.log"
-    monkeypatch.setenv(extensions.ENV, str(folder))  # this process takes that folder's lock
-    with extensions.building(OP):
+    monkeypatch.setenv(native_builds.ENV, str(folder))  # this process takes that folder's lock
+    with native_builds.building(OP):
         job = _start(second_env, ["-m", "advpt.build_extensions"], log)
         said = f"[advpt] waiting for another advpt process (pid {os.getpid()} on "
         wait_until(job, lambda: said in log.read_text(), "the wait's announcement", 120)
@@ -194,7 +195,7 @@ def test_in_a_folder_the_user_named_a_lock_is_waited_on_until_it_is_stale(tmp_pa
     _stops_with_one_sentence(job, log)
     assert lock.exists(), "a lock that may be live is left alone"
 
-    stale = time.time() - extensions.STALE_S - 60
+    stale = time.time() - native_builds.STALE_S - 60
     os.utime(lock, (stale, stale))
     job = _start(python, ["-m", "advpt.build_extensions"], log, TORCH_EXTENSIONS_DIR=str(folder))
     wait_until(job, lambda: lock.exists() and holds_open(job, lock), "a new build", 120)
@@ -243,7 +244,7 @@ def test_an_extensions_folder_advpt_cannot_use_is_one_sentence(tmp_path, immutab
 def test_an_op_built_beside_a_lock_advpt_may_not_write_loads(tmp_path, immutable):
     """A lock file someone else made is locked read-only: the op built there loads."""
     folder = tmp_path / "extensions"
-    shutil.copytree(extensions.extensions_folder() / OP, folder / OP)  # built at set-up
+    shutil.copytree(native_builds.extensions_folder() / OP, folder / OP)  # built at set-up
     lock = folder / f"{OP}.advpt-lock"
     lock.touch()
     immutable(lock)
@@ -254,7 +255,7 @@ def test_an_op_built_beside_a_lock_advpt_may_not_write_loads(tmp_path, immutable
 
 def test_the_adam_op_a_deepspeed_json_builds_is_built_under_advpts_lock():
     """``build_engine`` builds the op DeepSpeed's optimizer would compile inside
-    ``deepspeed.initialize`` first, under :func:`advpt.extensions.building`."""
+    ``deepspeed.initialize`` first, under :func:`advpt.native_builds.building`."""
     from advpt.training.engines.engine import adam_op_builder, simple_ds_config
 
     assert adam_op_builder(simple_ds_config(8, adam="torch")) is None
@@ -268,11 +269,11 @@ def test_the_adam_op_a_deepspeed_json_builds_is_built_under_advpts_lock():
 def test_a_build_asked_for_by_another_thread_takes_the_lock_too(tmp_path, monkeypatch):
     """Signal handlers can be set from the main thread only: elsewhere the build goes on
     without them instead of failing (which the sampler's loader would take as a failed build)."""
-    monkeypatch.setenv(extensions.ENV, str(tmp_path))
+    monkeypatch.setenv(native_builds.ENV, str(tmp_path))
     built = []
 
     def build() -> None:
-        with extensions.building("op") as folder:
+        with native_builds.building("op") as folder:
             built.append(folder)
 
     worker = threading.Thread(target=build)
@@ -285,7 +286,7 @@ def test_a_build_asked_for_by_another_thread_takes_the_lock_too(tmp_path, monkey
 PROBE_BUILD = """
 import sys
 from torch.utils import cpp_extension
-from advpt.extensions import building
+from advpt.native_builds import building
 with building("advpt_ninja_probe") as folder:
     cpp_extension.load("advpt_ninja_probe", [sys.argv[1]], is_python_module=False)
 """

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 
-from advpt.data.preparation import prepare
+from advpt.data.ingest import prepare
 from advpt.train import main
 from tests.helpers import (
     REPO,

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from advpt.config.cli import parse
-from advpt.config.finetune import FinetuneConfig
+from advpt.config.finetuning import FinetuneConfig
 from advpt.data.batching import LengthBucketedBatches
 from advpt.data.tape_tasks import TaskSplit, collate, read_split
 from advpt.errors import DataError

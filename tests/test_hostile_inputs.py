@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from advpt.data.preparation import prepare
+from advpt.data.ingest import prepare
 from advpt.errors import EXIT_BAD_INPUT, EXIT_STOPPED, DataError
 from advpt.train import main
 from tests.helpers import (
@@ -145,7 +145,7 @@ def test_parquet_columns_of_the_wrong_type_are_one_sentence(tmp_path, columns, m
 
 def test_integer_ids_in_parquet_are_names(tmp_path):
     data = _parquet(tmp_path / "x.parquet", sequence=["MKT", "GGH"], id=[7, 11])
-    from advpt.data.prepared import ProteinDataset
+    from advpt.data.residue_store import ProteinDataset
 
     prepare([data], tmp_path / "out", progress=False)
     dataset = ProteinDataset(tmp_path / "out")

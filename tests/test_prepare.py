@@ -20,9 +20,9 @@ from advpt.config.cli import parse
 from advpt.config.pretrain import TrainConfig
 from advpt.data.cache import locate, open_data
 from advpt.data.dataset import CroppedView
-from advpt.data.preparation import prepare
+from advpt.data.ingest import prepare
 from advpt.data.prepare import main
-from advpt.data.prepared import FILES, ProteinDataset
+from advpt.data.residue_store import FILES, ProteinDataset
 from advpt.data.sampling import AllRecords
 from advpt.data.stream import MicroBatches
 from advpt.errors import DataError
@@ -230,8 +230,8 @@ def test_a_truncated_or_tampered_prepared_dataset_is_one_clear_error(tmp_path):
 
 
 def test_reading_records_leaves_nothing_mapped(tmp_path):
-    # Large page-cache folios would map megabytes per record touched (see prepared.py), and over
-    # a long run the whole dataset into every rank.
+    # Large page-cache folios would map megabytes per record touched (see residue_store.py), and
+    # over a long run the whole dataset into every rank.
     raw = tmp_path / "raw.fasta"
     raw.write_text(fasta_text(proteins(1000, 8, "p")))
     dataset = open_data(str(raw), str(tmp_path / "cache"))

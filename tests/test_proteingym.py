@@ -40,8 +40,8 @@ from advpt.inference import load_for_inference
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.exports import save_export
 from advpt.score import main as score_main
-from advpt.scoring import window_start
 from advpt.tokenizer import STANDARD_RESIDUES
+from advpt.variant_effects import window_start
 from tests.helpers import REPO, child_env, load_script, start_module, wait_until
 
 LIMIT = 400  # variants per scan in the test folder

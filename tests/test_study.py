@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from advpt.study.results import Run, Score, read_kept, read_results
+from advpt.study.aggregate import equal_compute
+from advpt.study.records import Run, Score, read_kept, read_results
 from advpt.study.runs import steps_for_compute
-from advpt.study.summary import equal_compute
 from tests.helpers import REPO, child_env, wait_until
 
 pytest.importorskip("matplotlib")

@@ -15,8 +15,7 @@ import pytest
 from advpt.data.cache import open_data
 from advpt.data.clusters import ClusterSource
 from advpt.data.homology import MMSEQS_MISSING
-from advpt.data.swissprot import main
-from advpt.data.swissprot_corpus import (
+from advpt.data.metastudent import (
     BLASTDBCMD_MISSING,
     CLUSTERS,
     DATABASE,
@@ -28,6 +27,7 @@ from advpt.data.swissprot_corpus import (
     export_fasta,
     read_proteins,
 )
+from advpt.data.swissprot import main
 from advpt.downstream.localisation import (
     ANNOTATIONS,
     CLOSURE,

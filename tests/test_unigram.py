@@ -4,8 +4,8 @@ import math
 
 import numpy as np
 
-from advpt.data.preparation import prepare
-from advpt.data.prepared import ProteinDataset
+from advpt.data.ingest import prepare
+from advpt.data.residue_store import ProteinDataset
 from advpt.data.sampling import AllRecords, Subset
 from advpt.data.unigram import residue_counts, unigram_entropy, unigram_log_probs
 from advpt.tokenizer import ESM, TAPE

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from advpt.data.bundled import resolve_data_path
-from advpt.data.preparation import expand_inputs, prepare, source_entry
-from advpt.data.prepared import VERSION, ProteinDataset, is_prepared, read_manifest
+from advpt.data.ingest import expand_inputs, prepare, source_entry
+from advpt.data.residue_store import VERSION, ProteinDataset, is_prepared, read_manifest
 from advpt.errors import DataError, OutputError
 from advpt.launch import discover
 

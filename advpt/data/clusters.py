@@ -33,9 +33,8 @@ from typing import Any
 import numpy as np
 
 from advpt.data.cache import cache_root
+from advpt.data.ingest import building, source_entry
 from advpt.data.keyed import hash_strings
-from advpt.data.preparation import building, source_entry
-from advpt.data.prepared import MANIFEST, Mapped, MappedArray, ProteinDataset
 from advpt.data.readers import (
     PARQUET_SUFFIXES,
     as_text,
@@ -43,6 +42,7 @@ from advpt.data.readers import (
     open_parquet,
     parquet_batches,
 )
+from advpt.data.residue_store import MANIFEST, Mapped, MappedArray, ProteinDataset
 from advpt.errors import DataError, shorten
 
 INDEX_FORMAT = "advpt cluster index"

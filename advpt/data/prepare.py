@@ -1,5 +1,5 @@
 """Prepare inputs once into a memory-mapped dataset for ``--data``
-(:mod:`advpt.data.preparation` does it; ``prepared.py`` holds the format).
+(:mod:`advpt.data.ingest` does it; ``residue_store.py`` holds the format).
 
     python -m advpt.data.prepare INPUT [INPUT ...] --out DIR [--unknown_to_unk]
         [--skip_bad_records] [--workers N]
@@ -13,7 +13,7 @@ import sys
 import time
 
 from advpt.command import DEBUG_HELP, command, stopping_on_signals
-from advpt.data.preparation import prepare
+from advpt.data.ingest import prepare
 
 
 @command

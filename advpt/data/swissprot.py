@@ -1,5 +1,5 @@
 """Swiss-Prot (January 2014, from Debian's ``metastudent-data``) prepared as a pre-training
-corpus with its clusters (:mod:`advpt.data.swissprot_corpus` says what and how).
+corpus with its clusters (:mod:`advpt.data.metastudent` says what and how).
 
     python -m advpt.data.swissprot --out DIR [--data_cache DIR] [--limit N] [--overwrite]
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from advpt.command import DEBUG_HELP, command, positive, stopping_on_signals
 from advpt.data.clusters import ClusterSource
-from advpt.data.prepared import ProteinDataset
-from advpt.data.swissprot_corpus import CLUSTERS, build_corpus, sequences_of, summary
+from advpt.data.metastudent import CLUSTERS, build_corpus, sequences_of, summary
+from advpt.data.residue_store import ProteinDataset
 
 
 @command

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from advpt.data.prepared import ProteinDataset
+from advpt.data.residue_store import ProteinDataset
 from advpt.data.sampling import Selection, sample_at_most
 from advpt.tokenizer import Vocabulary
 

@@ -41,7 +41,7 @@ Rows dropped, by design: those with a premature stop ``*`` or a gap ``-`` (a tru
 substitution a masked language model can score: 1,583 Abeta42 and 4,528 TDP-43 rows), those
 with no measured ``y`` (empty or NaN: none in the shipped files) and those equal to the wild
 type (none: a variant without sites scores 0 by construction). Any other letter outside the 20
-amino acids is an error. The variants' :class:`~advpt.scoring.Mutation` objects are shared
+amino acids is an error. The variants' :class:`~advpt.variant_effects.Mutation` objects are shared
 between the variants that make the same substitution.
 
 Splits: the file's own ``set`` column (``training``, ``validation``, ``test``: about 90, 5 and
@@ -67,8 +67,8 @@ import numpy as np
 
 from advpt.data.keyed import hash_ints, hash_strings, hashed_sides
 from advpt.errors import DataError, first_line, shorten
-from advpt.scoring import Mutation
 from advpt.tokenizer import STANDARD_RESIDUES
+from advpt.variant_effects import Mutation
 
 SCANS = ("gb1_binding", "gb1_stability", "abeta42_nucleation", "tdp43_toxicity")
 MAVENN_MISSING = "mavenn is not installed: pip install --no-deps mavenn==1.1.4"

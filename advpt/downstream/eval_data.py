@@ -1,5 +1,5 @@
 """The suite's data, prepared once from installed packages (:func:`ensure`; the command is
-``python -m advpt.downstream.prepare``).
+``python -m advpt.downstream.prepare_suite``).
 
 Two of the suite's tasks need work before any model is scored, both for a homology-aware split:
 
@@ -49,8 +49,8 @@ import numpy as np
 
 from advpt.data.cache import cache_root
 from advpt.data.homology import cluster_ids, fewest_clusters, split_clusters
+from advpt.data.ingest import building, source_entry
 from advpt.data.keyed import Permutation
-from advpt.data.preparation import building, source_entry
 from advpt.downstream.dms import SCANS, SOURCES, datasets_dir, read_scan
 from advpt.downstream.localisation import ANNOTATIONS, SWISSPROT, read_localisation
 from advpt.downstream.structure_db import STRUCTURE_DB, read_structure_db
@@ -104,7 +104,7 @@ class Proteins:
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
             raise DataError(
                 f"prepared evaluation file {path} cannot be read ({err}); delete it and run "
-                "python -m advpt.downstream.prepare"
+                "python -m advpt.downstream.prepare_suite"
             ) from None
 
 

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from advpt.data.swissprot_corpus import SWISSPROT, Protein, read_proteins, require_file
+from advpt.data.metastudent import SWISSPROT, Protein, read_proteins, require_file
 from advpt.errors import DataError, shorten
 from advpt.tokenizer import IUPAC_LETTERS
 

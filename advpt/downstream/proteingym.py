@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from advpt.errors import ConfigError, DataError, first_line, shorten
-from advpt.scoring import parse_variant
 from advpt.tokenizer import IUPAC_LETTERS, STANDARD_RESIDUES
+from advpt.variant_effects import parse_variant
 
 REFERENCE_FILE = "DMS_substitutions.csv"
 REFERENCE_COLUMNS = ("DMS_id", "DMS_filename", "target_seq", "UniProt_ID", "coarse_selection_type")

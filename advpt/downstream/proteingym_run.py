@@ -2,14 +2,15 @@
 file per assay, resumable.
 
 A subject's score of a variant is the sum over its sites of ``log p(mutant) - log p(wild
-type)``: for a model, its masked marginals (:func:`advpt.scoring.site_log_odds`, each distinct
-site of an assay computed once); for the context-free subject, the unigram of the reference
-file's target sequences (their residue counts, plus one for each of the 20 amino acids).
+type)``: for a model, its masked marginals (:func:`advpt.variant_effects.site_log_odds`,
+each distinct site of an assay computed once); for the context-free subject, the unigram of the
+reference file's target sequences (their residue counts, plus one for each of the 20 amino
+acids).
 
 Long wild types. A model reads at most :func:`window_of` tokens: its positions, and no more than
 ProteinGym's 1,024 for ESM models (ESM-2's configs declare 1,026 positions; it was trained on
 1,024-token crops). A wild type longer than that is scored in a window of that many tokens per
-site, ProteinGym's "optimal" rule (:func:`advpt.scoring.window_start`).
+site, ProteinGym's "optimal" rule (:func:`advpt.variant_effects.window_start`).
 
 Each assay's scoring file, ``scores/<DMS_id>.csv`` in ``--out``, holds the assay file's rows and
 columns and one column of scores per subject, named as the subject: ProteinGym's layout of
@@ -41,7 +42,7 @@ import numpy as np
 from tqdm import tqdm
 
 from advpt.command import Stopped
-from advpt.config.evaluate import EvaluateConfig
+from advpt.config.evaluation import EvaluateConfig
 from advpt.downstream.proteingym import (
     ASSAY_COLUMNS,
     Assay,
@@ -58,8 +59,8 @@ from advpt.errors import ConfigError, OutputError, shorten
 from advpt.models.encoder import MaskedLanguageModel
 from advpt.models.weights import weights_digest
 from advpt.outputs import write_together
-from advpt.scoring import site_log_odds
 from advpt.tokenizer import STANDARD_RESIDUES
+from advpt.variant_effects import site_log_odds
 
 MODEL_WINDOW = 1024
 """ProteinGym's ``model_window`` for ESM models, in tokens: the most a wild type is scored in."""

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from advpt.config.evaluate import EvaluateConfig
+from advpt.config.evaluation import EvaluateConfig
 from advpt.correlation import spearman
 from advpt.data.sampling import sample_at_most
 from advpt.downstream.dms import SCANS, Scan, read_scan
@@ -46,8 +46,8 @@ from advpt.downstream.features import EncoderFeatures, Features, OneHotFeatures
 from advpt.downstream.localisation import COMPARTMENTS
 from advpt.downstream.probes import logistic_probe, ridge_probe
 from advpt.models.encoder import MaskedLanguageModel
-from advpt.scoring import masked_marginals
 from advpt.tokenizer import STANDARD_RESIDUES
+from advpt.variant_effects import masked_marginals
 
 Q8 = "HGIEBTSC"  # DSSP's eight states, the probe's classes in this order
 Q3_OF_Q8 = np.array([0, 0, 0, 1, 1, 2, 2, 2])  # helix (H G I), strand (E B), the rest

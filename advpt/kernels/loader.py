@@ -3,7 +3,7 @@
 ``subset_sampler.cu`` runs each row's whole sampling loop in one thread block (see the comment at
 its top for the recurrence, layout and the save-versus-recompute choice); ``subset_sampler.cpp``
 binds it. ``torch.utils.cpp_extension.load`` compiles both the first time a process asks for the
-kernel and caches the build in the environment's extensions folder (``advpt.extensions``),
+kernel and caches the build in the environment's extensions folder (``advpt.native_builds``),
 rebuilding only when the sources change; concurrent ranks wait on advpt's lock instead of racing.
 No Triton is involved.
 """
@@ -19,7 +19,7 @@ from types import ModuleType
 import torch
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from advpt.extensions import building
+from advpt.native_builds import building
 
 logger = logging.getLogger(__name__)
 

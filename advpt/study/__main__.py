@@ -15,13 +15,13 @@ import advpt.study
 from advpt.command import DEBUG_HELP, Stopped, command, positive, stopping_on_signals
 from advpt.data.bundled import BUNDLED_PROTEOME
 from advpt.environment import device_name
+from advpt.study.aggregate import summarize, summarize_downstream
 from advpt.study.arms import ARMS, BASELINE, DEFAULT_ARMS
+from advpt.study.figures import plot_curves, plot_downstream, plot_residues, plot_scores
 from advpt.study.jobs import run_study
-from advpt.study.plots import plot_curves, plot_downstream, plot_residues, plot_scores
-from advpt.study.report import Occasion, write_report
-from advpt.study.results import RESULTS, Results, read_costs, read_results
+from advpt.study.records import RESULTS, Results, read_costs, read_results
 from advpt.study.sizes import SIZES, Size
-from advpt.study.summary import summarize, summarize_downstream
+from advpt.study.writeup import Occasion, write_report
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

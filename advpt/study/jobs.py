@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from advpt.config.cli import parse
-from advpt.config.evaluate import EvaluateConfig
+from advpt.config.evaluation import EvaluateConfig
 from advpt.config.pretrain import DataConfig
 from advpt.data.unigram import residue_counts, unigram_log_probs
 from advpt.downstream import eval_data
@@ -26,7 +26,8 @@ from advpt.downstream.suite import (
     run_suite,
 )
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
-from advpt.study.results import (
+from advpt.study.heldout import score, score_unigram, seed_tasks
+from advpt.study.records import (
     EQUAL_COMPUTE_WEIGHTS,
     Run,
     Score,
@@ -43,7 +44,6 @@ from advpt.study.runs import (
     train_judge,
     write_deepspeed_jsons,
 )
-from advpt.study.scoring import score, score_unigram, seed_tasks
 from advpt.study.sizes import Size
 from advpt.training.build import build_data, open_data
 from advpt.training.distributed import init_distributed

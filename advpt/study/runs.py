@@ -15,7 +15,7 @@ from advpt.config.pretrain import DataConfig, TrainConfig
 from advpt.errors import ConfigError, DataError
 from advpt.outputs import write_atomically
 from advpt.study.arms import JUDGE, JUDGE_SEED, SCORE_RATE
-from advpt.study.results import (
+from advpt.study.records import (
     EQUAL_COMPUTE_WEIGHTS,
     RESULTS,
     read_kept,

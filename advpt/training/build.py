@@ -19,7 +19,7 @@ from advpt.data.cache import locate, on_one_rank
 from advpt.data.clusters import ClusterIndex, ClusterSource
 from advpt.data.collate import MaskingCollator
 from advpt.data.dataset import CroppedView
-from advpt.data.prepared import ProteinDataset
+from advpt.data.residue_store import ProteinDataset
 from advpt.data.sampling import sample_subset, split
 from advpt.data.stream import MicroBatches, ValidationBatches
 from advpt.errors import CheckpointError

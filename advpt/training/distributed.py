@@ -26,8 +26,8 @@ from deepspeed.accelerator import get_accelerator
 
 from advpt.command import rank  # noqa: F401  (the one answer: distributed.rank())
 from advpt.errors import ConfigError
-from advpt.extensions import load_deepspeed_op
 from advpt.launch import check_meeting_point, discover, free_port, rendezvous_timeout
+from advpt.native_builds import load_deepspeed_op
 
 SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's shared-memory collectives on the CPU
 
@@ -54,7 +54,7 @@ def _unlink_shared_buffer() -> None:
 
 def build_collectives_op() -> bool:
     """On the CPU, build (or load) DeepSpeed's shared-memory collectives op under advpt's lock
-    (:mod:`advpt.extensions`); whether there was one to build. DeepSpeed builds it inside
+    (:mod:`advpt.native_builds`); whether there was one to build. DeepSpeed builds it inside
     ``init_distributed``, where a dead build's lock would hold every later start for ever:
     built here first, it loads from there."""
     if get_accelerator().device_name() != "cpu" or not deepspeed.ops.__compatible_ops__.get(SHM_OP):

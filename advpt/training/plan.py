@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from advpt.config.finetune import FinetuneConfig
+from advpt.config.finetuning import FinetuneConfig
 from advpt.config.pretrain import ModelConfig, TrainConfig
 from advpt.errors import ConfigError
 from advpt.models.encoder import ENCODER_PRESETS, EncoderConfig, check_max_length

@@ -26,7 +26,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from advpt import ds_configs
 from advpt.errors import ConfigError, first_line
-from advpt.extensions import load_deepspeed_op
+from advpt.native_builds import load_deepspeed_op
 from advpt.safe_load import read_json
 from advpt.training.engines.batch_layout import DeepSpeedJson
 

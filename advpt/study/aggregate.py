@@ -13,7 +13,7 @@ import numpy as np
 
 from advpt.downstream.results import COLUMNS
 from advpt.study.arms import BASELINE, HEURISTICS
-from advpt.study.results import Results, Run
+from advpt.study.records import Results, Run
 from advpt.study.runs import steps_for_compute
 
 Spread = tuple[float, float]  # mean and sample standard deviation over the seeds

@@ -9,15 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from advpt.config.cli import parse
-from advpt.config.evaluate import EvaluateConfig
+from advpt.config.evaluation import EvaluateConfig
 from advpt.config.pretrain import OptimConfig
 from advpt.data.bundled import BUNDLED_PROTEOME
 from advpt.downstream.suite import LOCAL_CONTEXT, LOCAL_WINDOW
 from advpt.markdown import number_cell, table
+from advpt.study.aggregate import Downstream, Spread, Summary, column_value
 from advpt.study.arms import ARMS, BASELINE, HEURISTICS, JUDGE_SEED, SCORE_RATE, named
-from advpt.study.results import Results
+from advpt.study.records import Results
 from advpt.study.sizes import Size
-from advpt.study.summary import Downstream, Spread, Summary, column_value
 
 CONTEXT_GOAL = (2.0, 0.3)  # random 20% uses context: accuracy x unigram's, nats under its loss
 MIN_LR = OptimConfig().min_lr_ratio  # the library's; every run keeps it

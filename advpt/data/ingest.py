@@ -1,4 +1,4 @@
-"""Preparing inputs once into a memory-mapped dataset (see ``prepared.py`` for the format):
+"""Preparing inputs once into a memory-mapped dataset (see ``residue_store.py`` for the format):
 the one pass that :func:`prepare` makes, which ``python -m advpt.data.prepare`` runs and raw
 ``--data`` inputs are prepared with (``advpt.data.cache``).
 
@@ -36,7 +36,6 @@ import numpy as np
 from tqdm import tqdm
 
 from advpt.data.bundled import resolve_data_path
-from advpt.data.prepared import ENCODING, FILES, FORMAT, MANIFEST, VERSION, is_prepared
 from advpt.data.readers import (
     Block,
     Skipper,
@@ -45,6 +44,7 @@ from advpt.data.readers import (
     input_size,
     read_blocks,
 )
+from advpt.data.residue_store import ENCODING, FILES, FORMAT, MANIFEST, VERSION, is_prepared
 from advpt.errors import DataError, OutputError, shorten
 from advpt.tokenizer import UNKNOWN_CODE, invalid_residue_message, residue_codes
 

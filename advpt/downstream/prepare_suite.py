@@ -1,4 +1,4 @@
-"""``python -m advpt.downstream.prepare``: the suite's data, prepared once from installed
+"""``python -m advpt.downstream.prepare_suite``: the suite's data, prepared once from installed
 packages into the cache (:mod:`advpt.downstream.eval_data` says what and where)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from advpt.errors import ConfigError
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m advpt.downstream.prepare",
+        prog="python -m advpt.downstream.prepare_suite",
         description="Prepare the downstream suite's data from the installed packages.",
     )
     parser.add_argument(

@@ -74,8 +74,8 @@ class EvaluateConfig(Section):
     seed: int = 0
     """Seeds the samples of each task, the random encoders and the probes."""
     cache: str = ""
-    """Where the prepared evaluation data is kept (python -m advpt.downstream.prepare); empty is
-    $ADVPT_EVAL_CACHE, else ~/.cache/advpt/downstream."""
+    """Where the prepared evaluation data is kept (python -m advpt.downstream.prepare_suite); empty
+    is $ADVPT_EVAL_CACHE, else ~/.cache/advpt/downstream."""
     structure_db: str = ""
     """ProMod3's StructureDB file (structure_db.dat); empty is $ADVPT_STRUCTURE_DB, else where
     Debian's promod3-data installs it (docs/evaluate.md: getting it without root)."""

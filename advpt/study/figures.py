@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from advpt.downstream.suite import LOCAL_CONTEXT
+from advpt.study.aggregate import Downstream, Summary, column_value
 from advpt.study.arms import ARMS
-from advpt.study.results import Results
-from advpt.study.summary import Downstream, Summary, column_value
+from advpt.study.records import Results
 from advpt.tokenizer import STANDARD_RESIDUES
 
 

@@ -16,7 +16,7 @@ from advpt.data.dataset import CroppedView
 from advpt.data.stream import ValidationBatches
 from advpt.models import build_noiser
 from advpt.study.arms import BASELINE, JUDGE, JUDGE_SEED, SCORE_RATE
-from advpt.study.results import HARD, RANDOM, Score
+from advpt.study.records import HARD, RANDOM, Score
 from advpt.study.runs import run_config
 from advpt.study.sizes import Size
 from advpt.training.build import build_data

@@ -48,8 +48,8 @@ import numpy as np
 
 from advpt.data.cache import open_data
 from advpt.data.homology import cluster_ids
-from advpt.data.preparation import building, prepare
-from advpt.data.prepared import is_prepared
+from advpt.data.ingest import building, prepare
+from advpt.data.residue_store import is_prepared
 from advpt.errors import DataError, OutputError, first_line, shorten
 
 SWISSPROT = Path("/usr/share/metastudent-data/dataset_201401")
