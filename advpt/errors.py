@@ -86,6 +86,12 @@ def first_line(error: BaseException | str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def reason(error: BaseException) -> str:
+    """Why an operation failed, in a few words: an OS error's ``strerror`` (``No space left on
+    device``), else the first line of the message."""
+    return getattr(error, "strerror", None) or first_line(error)
+
+
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 3, 4, 4, 4
 _REPR.maxstring = _REPR.maxother = 60

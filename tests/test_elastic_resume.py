@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from advpt.training.checkpointing.consolidate import load_encoder
+from advpt.pretrained import load_encoder
 from tests.helpers import (
     launch_as_torchrun,
     read_metrics,

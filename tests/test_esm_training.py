@@ -17,9 +17,9 @@ from advpt.export import main as export_main
 from advpt.finetune import Finetuner
 from advpt.models import MaskedLanguageModel
 from advpt.models.exports import load_masked_lm
+from advpt.pretrained import load_model
 from advpt.tokenizer import ESM
 from advpt.train import main as train_main
-from advpt.training.checkpointing.consolidate import load_model
 from tests.helpers import build_tiny_trainer, save_tiny_esm, tiny_run_args
 from tests.test_finetune import finetune_args, write_task
 

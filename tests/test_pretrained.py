@@ -1,4 +1,5 @@
-"""Encoders in and out: advpt runs of every ZeRO stage, exports without DeepSpeed, TAPE."""
+"""Encoders in and out: advpt runs of every ZeRO stage, exports without DeepSpeed, TAPE;
+scoring with neither DeepSpeed nor the trainer."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ from advpt.errors import CheckpointError
 from advpt.export import main as export_main
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, ProteinEncoder
 from advpt.models.exports import load_export, save_export
+from advpt.pretrained import load_encoder
 from advpt.tokenizer import TAPE
-from advpt.training.checkpointing.consolidate import load_encoder
-from tests.helpers import REPO, pretrain_tiny
+from tests.helpers import REPO, child_env, pretrain_tiny
 
 ZERO_CONFIGS = {
     "zero0": {},
@@ -124,6 +125,42 @@ def test_export_round_trips_to_identical_outputs_without_deepspeed(tmp_path, fin
 
 class Crafted:
     """Stands in for a pickle that would run code when DeepSpeed unpickles it."""
+
+
+def _imported_modules(importtime: str) -> set[str]:
+    """The modules that ``python -X importtime`` reports a process to have imported."""
+    lines = importtime.splitlines()
+    return {line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time:")}
+
+
+def test_scoring_loads_exports_and_zero0_runs_without_deepspeed_or_the_trainer(
+    tmp_path, finished_run
+):
+    """``python -m advpt.score`` on an export, or on the ZeRO-0 run it was exported from, imports
+    no DeepSpeed module and nothing of the trainer (``advpt.training``), and scores alike."""
+    export = tmp_path / "export"
+    assert export_main([str(finished_run), str(export)]) == 0
+    mutations = tmp_path / "mutations.csv"
+    mutations.write_text("mutant\nM1A\nK2R:T3S\nR10W\n")
+    scores = {}
+    for name, model in (("export", export), ("run", finished_run)):
+        out = tmp_path / f"{name}.csv"
+        done = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "advpt.score", str(model),
+             "--sequence", "MKTAYIAKQRQ", "--mutations", str(mutations), "--out", str(out)],
+            cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        imported = _imported_modules(done.stderr)
+        assert {"torch", "advpt.inference", "advpt.pretrained"} <= imported  # the report was read
+        unwanted = [
+            module
+            for module in sorted(imported)
+            if module.split(".")[0] == "deepspeed" or module.startswith("advpt.training")
+        ]
+        assert unwanted == [], f"scoring {name} imported {', '.join(unwanted[:5])}"
+        scores[name] = out.read_text()
+    assert scores["export"] == scores["run"]
 
 
 def test_unloadable_encoders_fail_with_one_sentence(tmp_path, capsys):

@@ -1,4 +1,6 @@
-"""A run directory's files, by what they hold: the one place their names are spelled.
+"""A run directory's files, by what they hold: the one place their names are spelled, but for
+the two that reading a run's weights needs, ``config.json`` and ``checkpoints/``, which
+``advpt.run_checkpoints`` spells (it imports no trainer).
 
 A pre-training run (``advpt.train``) writes::
 
@@ -11,7 +13,7 @@ A pre-training run (``advpt.train``) writes::
     tensorboard/            the trackers' files (``advpt.training.reporting.trackers``):
     metrics.csv, wandb/,      TensorBoard, CSV, W&B, MLflow, and the W&B and MLflow run ids
     mlflow.db, trackers.json
-    checkpoints/            the engines' checkpoints (``advpt.training.checkpointing.store``)
+    checkpoints/            the engines' checkpoints (``advpt.run_checkpoints``)
     report.png              the plot of ``python -m advpt.report``
     .lock                   held by the running job (``advpt.training.run_lock``)
 
@@ -29,8 +31,8 @@ from typing import Any
 
 from advpt.errors import ConfigError, cannot_write
 from advpt.outputs import write_atomically
+from advpt.run_checkpoints import CHECKPOINTS, LATEST, RUN_CONFIG
 
-LATEST = "latest"  # under checkpoints/: the tag of the newest complete checkpoint
 LOCK_FILE = ".lock"
 # A run's DeepSpeed configs as resolved, by engine: the setting of config.json that names the
 # file, and the file.
@@ -53,7 +55,7 @@ class RunDir:
 
     @property
     def config(self) -> Path:
-        return self.root / "config.json"
+        return self.root / RUN_CONFIG
 
     def deepspeed_config(self, engine: str) -> Path:
         """The DeepSpeed config of ``engine`` (encoder, noiser or finetune) as resolved."""
@@ -94,7 +96,7 @@ class RunDir:
 
     @property
     def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
+        return self.root / CHECKPOINTS
 
     @property
     def report_plot(self) -> Path:

@@ -1,17 +1,7 @@
 """Checkpoints of both engines plus the trainer's own state, and resuming from them.
 
-Layout under ``<run_dir>/checkpoints/``::
-
-    encoder/<tag>/...       DeepSpeed checkpoint of the encoder engine (client_state: trainer state)
-    noiser/<tag>/...        DeepSpeed checkpoint of the noiser engine
-    rng/<tag>/rank<r>.pt    each rank's torch RNG states (dropout, Gumbel noise)
-    manifest/<tag>.json     every file of the checkpoint with its size, the model's identity
-                            (:func:`model_identity`: every encoder setting, the noiser's) and
-                            each parameter's shape; written once every rank has written its part
-    latest                  the tag of the newest *complete* checkpoint
-
-A tag is ``step<N>``, N the optimizer steps of both engines so far (the ``step`` of
-metrics.jsonl), so every save has a tag of its own and none overwrites a complete one.
+The layout under ``<run_dir>/checkpoints/``, the tags and the manifests are described, and read
+without DeepSpeed, in ``advpt.run_checkpoints``.
 
 Saving. Every rank writes its part. A write that fails (disk full, permissions) is noted, not
 raised on the spot, so that every rank still makes the collectives DeepSpeed's save makes; then
@@ -35,10 +25,8 @@ micro-batches (``advpt.data.stream``).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
-import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,45 +35,36 @@ from typing import Any
 
 import deepspeed
 import torch
-from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-from deepspeed.runtime.zero.config import ZeroStageEnum
-from deepspeed.utils.tensor_fragment import fragment_address
 
-from advpt.errors import CheckpointError, first_line, shorten
+from advpt.errors import CheckpointError, reason, shorten
 from advpt.models.encoder import ENCODER_PRESETS, EncoderConfig
 from advpt.outputs import write_atomically
-from advpt.safe_load import load_weights_only, read_json
+from advpt.run_checkpoints import (
+    LATEST,
+    MANIFEST,
+    RNG,
+    TAG,
+    Damaged,
+    check_sizes,
+    deepspeed_classes,
+    encoder_settings,
+    latest_tag,
+    read_manifest,
+)
+from advpt.safe_load import load_weights_only
 from advpt.training import distributed
 from advpt.training.checkpointing.reshard import (
     check_reshardable,
     load_partitioned_optimizer,
     partitioned,
 )
-from advpt.training.run_dir import LATEST
 
 logger = logging.getLogger(__name__)
 
-_TAG = re.compile(r"^step(\d+)$")
-# Plain-data classes found in DeepSpeed's ZeRO and mixed-precision optimizer states (0.19).
-DEEPSPEED_STATE_CLASSES = [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
-MANIFEST = "manifest"
-RNG = "rng"
+DEEPSPEED_STATE_CLASSES = deepspeed_classes()
 
 Engines = dict[str, deepspeed.DeepSpeedEngine]
 _ARCHITECTURE = EncoderConfig().architecture().keys()  # what an encoder computes
-
-
-def checkpoint_tag(step: int) -> str:
-    return f"step{step:08d}"
-
-
-def latest_tag(root: Path) -> str | None:
-    """What ``root/latest`` names (None without one; '' when it is empty)."""
-    marker = root / LATEST
-    try:
-        return marker.read_text().strip() if marker.is_file() else None
-    except (OSError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"cannot read {marker}: {first_line(err)}") from None
 
 
 def _rng_state() -> dict[str, Any]:
@@ -144,8 +123,8 @@ def _noting_writes(engine: deepspeed.DeepSpeedEngine) -> Iterator[_NotingWriter]
 class _Failure:
     """What failed in this rank's step of a save, and the exception that said so."""
 
-    def __init__(self, what: str, err: BaseException, reason: str | None = None):
-        self.text, self.err = f"{what}: {reason or _reason(err)}", err
+    def __init__(self, what: str, err: BaseException, why: str | None = None):
+        self.text, self.err = f"{what}: {why or reason(err)}", err
 
     @classmethod
     def of_write(cls, path: str | Path, err: OSError | RuntimeError) -> _Failure:
@@ -155,14 +134,9 @@ class _Failure:
         if isinstance(err, OSError):
             return cls(f"writing {path} failed", err)
         if "PytorchStreamWriter" in str(err) or "inline_container" in str(err):
-            reason = "it could not be written in full (a full disk, a quota or a file size limit?)"
-            return cls(f"writing {path} failed", err, reason)
+            why = "it could not be written in full (a full disk, a quota or a file size limit?)"
+            return cls(f"writing {path} failed", err, why)
         raise err
-
-
-def _reason(err: BaseException) -> str:
-    """An exception in one short line: ``strerror`` for OS errors, else the first line."""
-    return getattr(err, "strerror", None) or first_line(err)
 
 
 def _parts(root: Path) -> list[Path]:
@@ -183,13 +157,13 @@ def _agree(root: Path, tag: str, failure: _Failure | None, previous: str | None)
     if not distributed.max_over_ranks(failure is not None):
         return
     texts = distributed.gather(failure and failure.text)
-    rank, reason = next((r, text) for r, text in enumerate(texts) if text is not None)
+    rank, what = next((r, text) for r, text in enumerate(texts) if text is not None)
     if distributed.rank() == 0:
         _remove(root, tag)
     where = f" on rank {rank}" if len(texts) > 1 else ""
     kept = f"still names {previous}" if previous else "was not written"
     raise CheckpointError(
-        f"saving checkpoint {tag}{where} failed ({reason}); its partial files were removed and "
+        f"saving checkpoint {tag}{where} failed ({what}); its partial files were removed and "
         f"{root / LATEST} {kept}"
     ) from (failure and failure.err)
 
@@ -275,7 +249,7 @@ def _prune(root: Path, newest: str, keep: int) -> None:
     half-way (say ``encoder/<tag>`` left, ``rng/<tag>`` gone) are deleted the next time.
     """
     names = {p.name.removesuffix(".json") for part in _parts(root) for p in part.iterdir()}
-    tags = sorted(name for name in names if _TAG.match(name) and name <= newest)
+    tags = sorted(name for name in names if TAG.match(name) and name <= newest)
     for old in tags[: max(0, len(tags) - keep)]:
         _remove(root, old)
 
@@ -283,52 +257,12 @@ def _prune(root: Path, newest: str, keep: int) -> None:
 # ----------------------------------------------------------------------------- resuming
 
 
-def verify_weights_only(directory: Path) -> None:
-    """Raise ``CheckpointError`` unless every ``*.pt`` file under ``directory`` is plain data."""
-    for file in sorted(directory.rglob("*.pt")):
-        load_weights_only(file, DEEPSPEED_STATE_CLASSES)
-
-
-def _read_manifest(root: Path, tag: str) -> dict[str, Any]:
-    path = root / MANIFEST / f"{tag}.json"
-    if not path.is_file():
-        raise _Damaged(f"it has no {MANIFEST}/{tag}.json (its save never finished)")
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as err:  # ValueError: bad JSON or bad UTF-8
-        raise _Damaged(f"its manifest {path} is unreadable ({_reason(err)})") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
-        raise _Damaged(f"its manifest {path} lists no files")
-    return manifest
-
-
-class _Damaged(Exception):
-    """Why one checkpoint cannot be resumed (another one may)."""
-
-
-def model_identity(encoder: EncoderConfig, noiser: dict[str, Any] | None) -> dict[str, Any]:
-    """Which model a run trains, as its checkpoints record it and a resumed run must match:
-    every setting of the encoder but activation checkpointing (which changes no weight and may
-    change between runs), and in adversarial runs the ``noiser`` settings."""
-    settings = dataclasses.asdict(encoder)
-    del settings["activation_checkpointing"]
-    return {"encoder": settings, **(noiser or {})}
-
-
-def _encoder_settings(recorded: Any) -> Any:
-    """A recorded encoder as its settings: checkpoints written before every setting was
-    recorded name a preset instead."""
-    if isinstance(recorded, str) and recorded in ENCODER_PRESETS:
-        return model_identity(ENCODER_PRESETS[recorded], None)["encoder"]
-    return recorded
-
-
 def _same(key: str, theirs: Any, ours: Any) -> bool:
     """Whether a recorded setting is this run's. An encoder recorded before the training-only
     settings were (``--init_from`` runs) is compared on its architecture."""
     if key != "encoder":
         return theirs == ours
-    theirs, ours = _encoder_settings(theirs), _encoder_settings(ours)
+    theirs, ours = encoder_settings(theirs), encoder_settings(ours)
     if not (isinstance(theirs, dict) and isinstance(ours, dict)):
         return theirs == ours
     return all(theirs.get(k) == ours.get(k) for k in theirs.keys() | _ARCHITECTURE)
@@ -339,26 +273,6 @@ def _described(key: str, recorded: Any) -> str:
     if key == "encoder":
         recorded = next((name for name in ENCODER_PRESETS if _same(key, name, recorded)), recorded)
     return shorten(recorded)
-
-
-def recorded_encoder(root: Path, tag: str) -> EncoderConfig | None:
-    """The encoder checkpoint ``tag`` under ``root`` was written for (None if its manifest
-    does not say: very old checkpoints)."""
-    manifest = root / MANIFEST / f"{tag}.json"
-    identity = read_json(manifest).get("architecture")
-    recorded = identity.get("encoder") if isinstance(identity, dict) else None
-    if recorded is None:
-        return None
-    settings = _encoder_settings(recorded)
-    if not isinstance(settings, dict):
-        raise CheckpointError(
-            f"{manifest} names encoder preset {shorten(recorded)}, which is not one of "
-            f"{', '.join(ENCODER_PRESETS)}"
-        )
-    try:
-        return EncoderConfig(**settings)
-    except (TypeError, ValueError) as err:
-        raise CheckpointError(f"{manifest}: bad encoder architecture ({err})") from None
 
 
 def _check_model(where: str, manifest: dict[str, Any], engines: Engines, arch: dict[str, Any]):
@@ -390,31 +304,19 @@ def _check_model(where: str, manifest: dict[str, Any], engines: Engines, arch: d
                 )
 
 
-def _check_sizes(root: Path, manifest: dict[str, Any]) -> list[str]:
-    """Every file of the manifest present at its recorded size; their names, sorted."""
-    files = sorted(manifest["files"].items())
-    for name, size in files:
-        path = root / name
-        if not path.is_file():
-            raise _Damaged(f"{path} is missing")
-        if path.stat().st_size != size:
-            raise _Damaged(f"{path} has {path.stat().st_size:,} bytes, not the {size:,} written")
-    return [name for name, _ in files]
-
-
 def _check_files(root: Path, tag: str, manifest: dict[str, Any]) -> None:
     """Every file present at its recorded size; this rank's share of them loadable."""
-    files = _check_sizes(root, manifest)
+    files = check_sizes(root, manifest)
     share = [root / name for name in files[distributed.rank() :: distributed.world_size()]]
     for path in share:
         if path.suffix == ".pt":
             try:
                 load_weights_only(path, DEEPSPEED_STATE_CLASSES)
             except CheckpointError as err:
-                raise _Damaged(str(err)) from None
+                raise Damaged(str(err)) from None
     rng = _rng_file(root, tag, manifest)
     if not rng.is_file():
-        raise _Damaged(f"it has no {rng.name}")
+        raise Damaged(f"it has no {rng.name}")
 
 
 def _rng_file(root: Path, tag: str, manifest: dict[str, Any]) -> Path:
@@ -426,29 +328,12 @@ def _rng_file(root: Path, tag: str, manifest: dict[str, Any]) -> Path:
     return root / RNG / tag / f"rank{rank}.pt"
 
 
-def complete_latest(root: Path) -> str:
-    """The tag ``latest`` names, every file of it present as written: for reading a run's weights
-    (``advpt.training.checkpointing.consolidate``), which takes no other checkpoint in its place."""
-    tag = latest_tag(root)
-    if not tag:
-        raise CheckpointError(f"{root} has no complete checkpoint ({root / LATEST} is missing)")
-    if not _TAG.match(tag):  # a path read from a file: never followed outside the run
-        raise CheckpointError(f"{root / LATEST} names no checkpoint ({shorten(tag)})")
-    try:
-        _check_sizes(root, _read_manifest(root, tag))
-    except _Damaged as err:
-        raise CheckpointError(
-            f"the newest checkpoint in {root}, {tag}, is damaged: {err}"
-        ) from None
-    return tag
-
-
 def _candidates(root: Path, latest: str | None) -> list[str]:
     """``latest`` and then every older tag with a manifest, newest first (all of them when
     ``latest`` is None)."""
     manifests = root / MANIFEST
     tags = [p.stem for p in manifests.glob("step*.json")] if manifests.is_dir() else []
-    older = sorted(t for t in tags if _TAG.match(t) and (latest is None or t < latest))
+    older = sorted(t for t in tags if TAG.match(t) and (latest is None or t < latest))
     return ([latest] if latest else []) + older[::-1]
 
 
@@ -462,7 +347,7 @@ def resume_tag(root: Path, engines: Engines, architecture: dict[str, Any]) -> st
     latest = latest_tag(root)
     if latest is None:
         return None
-    if _TAG.match(latest):
+    if TAG.match(latest):
         problem, candidates = None, _candidates(root, latest)
     else:
         problem = f"{root / LATEST} names no checkpoint ({shorten(latest)})"
@@ -470,11 +355,11 @@ def resume_tag(root: Path, engines: Engines, architecture: dict[str, Any]) -> st
     passed_over: list[str] = []
     for tag in candidates:
         try:
-            manifest = _read_manifest(root, tag)
+            manifest = read_manifest(root, tag)
             _check_model(f"{tag} in {root}", manifest, engines, architecture)
             _check_files(root, tag, manifest)
             damage = None
-        except _Damaged as err:
+        except Damaged as err:
             damage = str(err)
         damages = distributed.gather(damage)
         damage = next((d for d in damages if d is not None), None)
@@ -507,7 +392,7 @@ def _warn_fallback(root: Path, tag: str, problem: str | None, passed_over: list[
 
 def saved_world_size(root: Path, tag: str) -> int:
     """The number of ranks that wrote checkpoint ``tag`` (validated by :func:`resume_tag`)."""
-    return int(_read_manifest(root, tag)["world_size"])
+    return int(read_manifest(root, tag)["world_size"])
 
 
 def load_checkpoint(root: Path, tag: str, engines: Engines) -> dict[str, Any]:
@@ -518,7 +403,7 @@ def load_checkpoint(root: Path, tag: str, engines: Engines) -> dict[str, Any]:
     (``advpt.training.checkpointing.reshard``) and rank ``r`` takes the RNG state of rank ``r %
     saved``.
     """
-    manifest = _read_manifest(root, tag)
+    manifest = read_manifest(root, tag)
     saved_world = int(manifest["world_size"])
     reshard = {
         name: saved_world != distributed.world_size() and partitioned(root / name / tag)

@@ -29,6 +29,7 @@ from advpt.errors import ConfigError, first_line
 from advpt.native_builds import load_deepspeed_op
 from advpt.safe_load import read_json
 from advpt.training.engines.batch_layout import DeepSpeedJson
+from advpt.weight_decay import parameter_groups
 
 
 def _check_optimizer_numbers(config: dict[str, Any], path: str) -> None:
@@ -161,14 +162,6 @@ def simple_ds_config(
     elif precision == "fp16":
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
     return config
-
-
-def parameter_groups(model: nn.Module) -> list[dict[str, Any]]:
-    """Weight decay on matrices only: none on biases and LayerNorm (BERT/TAPE convention)."""
-    decay, no_decay = [], []
-    for param in model.parameters():
-        (decay if param.ndim >= 2 else no_decay).append(param)
-    return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def warmup_linear_decay(
