@@ -130,14 +130,8 @@ import torch  # noqa: E402
 from deepspeed.accelerator import get_accelerator  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from advpt.command import (  # noqa: E402
-    DEBUG_HELP,
-    Stopped,
-    command,
-    non_negative,
-    positive,
-)
-from advpt.config.cli import parse  # noqa: E402
+from advpt.command import DEBUG_HELP, Stopped, command  # noqa: E402
+from advpt.config.cli import non_negative, parse, positive  # noqa: E402
 from advpt.config.pretrain import TrainConfig  # noqa: E402
 from advpt.data.bundled import BUNDLED_PROTEOME  # noqa: E402
 from advpt.data.collate import Batch  # noqa: E402
@@ -145,6 +139,8 @@ from advpt.data.stream import stream_loader  # noqa: E402
 from advpt.environment import describe, environment  # noqa: E402
 from advpt.errors import ConfigError, cannot_write  # noqa: E402
 from advpt.host_syncs import HostSyncs  # noqa: E402
+from advpt.methods.base import ENCODER, NOISER  # noqa: E402
+from advpt.methods.shared import masked_lm  # noqa: E402
 from advpt.models import ENCODER_PRESETS, NOISER_PRESETS, MaskedLanguageModel  # noqa: E402
 from advpt.models.encoder import check_max_length  # noqa: E402
 from advpt.outputs import write_atomically  # noqa: E402
@@ -154,13 +150,9 @@ from advpt.training.engines.compilation import compile_forward  # noqa: E402
 from advpt.training.engines.engine import (  # noqa: E402
     ADAM_IMPLEMENTATIONS,
     PRECISIONS,
-    parameter_groups,
     simple_ds_config,
 )
-from advpt.training.objective import masked_lm  # noqa: E402
-from advpt.training.phases import PHASES  # noqa: E402
 from advpt.training.preemption import StopSignals  # noqa: E402
-from advpt.training.schedule import ENCODER  # noqa: E402
 from advpt.training.trainer import Trainer  # noqa: E402
 from advpt.utilization import (  # noqa: E402
     FLOPS_FORMULA,
@@ -169,6 +161,7 @@ from advpt.utilization import (  # noqa: E402
     synchronize,
 )
 from advpt.variants import VARIANTS  # noqa: E402
+from advpt.weight_decay import parameter_groups  # noqa: E402
 
 FIELDS = (
     "mode", "precision", "checkpointing", "zero", "adam", "micro_batch", "global_batch",
@@ -215,14 +208,6 @@ def build(args, mode: str, cell: dict, work: Path, device: torch.device) -> Trai
     for name in ("encoder", "noiser"):
         (work / f"{name}.json").write_text(json.dumps(ds_config(cell, name)))
     return build_trainer(train_config(args, mode, cell["checkpointing"], work), device)
-
-
-def cycle(config: TrainConfig) -> int:
-    """Optimizer steps after which ``config``'s schedule is where it started."""
-    m = config.method
-    if config.simultaneous:
-        return m.joint_every
-    return m.noiser_steps + m.encoder_steps if config.adversarial else 1
 
 
 def whole_cycles(count: int, cycles: list[int]) -> int:
@@ -394,11 +379,11 @@ class Timed:
         host = time.perf_counter() - start
         synchronize(self.device)
         elapsed = time.perf_counter() - start
-        updates = sum("encoder" in PHASES[phase].trains for phase in phases)
+        updates = sum(phase != NOISER for phase in phases)  # all others train the encoder
         window = len(consumed) // self.steps
         tokens, sequences, flops = sum(
             encoder_work(self.timed[index], self.preset)
-            for step, phase in enumerate(phases) if "encoder" in PHASES[phase].trains
+            for step, phase in enumerate(phases) if phase != NOISER
             for index in consumed[step * window : (step + 1) * window]
         )  # fmt: skip
         phase_ms: Counter = Counter()
@@ -506,7 +491,7 @@ def feed(
     the cell's micro-batches (the same for all, checked), in whole cycles of every schedule,
     warmed up; a row out of memory is marked so in ``rows`` and left out."""
     warmup, steps = (
-        whole_cycles(n, [cycle(trainer.config) for trainer in trainers.values()])
+        whole_cycles(n, [trainer.schedule.cycle for trainer in trainers.values()])
         for n in (args.warmup, args.steps)
     )
     window = cell["global_batch"] // cell["micro_batch"]

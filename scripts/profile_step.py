@@ -26,6 +26,7 @@ Bad arguments end in one sentence and exit code 2 before anything is built.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import os
@@ -41,18 +42,14 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from advpt.command import (  # noqa: E402
-    DEBUG_HELP,
-    Stopped,
-    command,
-    non_negative,
-    positive,
-)
-from advpt.config.cli import parse  # noqa: E402
+from advpt.command import DEBUG_HELP, Stopped, command  # noqa: E402
+from advpt.config.cli import non_negative, parse, positive  # noqa: E402
 from advpt.config.pretrain import TrainConfig  # noqa: E402
 from advpt.data.stream import stream_loader  # noqa: E402
 from advpt.errors import ConfigError, cannot_write  # noqa: E402
 from advpt.markdown import table  # noqa: E402
+from advpt.methods.base import ENCODER, NOISER  # noqa: E402
+from advpt.methods.shared import masked_lm  # noqa: E402
 from advpt.models import (  # noqa: E402
     ENCODER_PRESETS,
     NOISER_ARCHITECTURES,
@@ -64,9 +61,7 @@ from advpt.outputs import write_atomically  # noqa: E402
 from advpt.training.build import build_trainer  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
 from advpt.training.engines.engine import simple_ds_config  # noqa: E402
-from advpt.training.objective import masked_lm  # noqa: E402
 from advpt.training.preemption import StopSignals  # noqa: E402
-from advpt.training.schedule import ENCODER, NOISER  # noqa: E402
 from advpt.variants import VARIANTS  # noqa: E402
 
 RANGES = {
@@ -103,11 +98,13 @@ def build(args, mode: str, work: Path):
 
 
 def cycle_length(trainer) -> int:
-    """Encoder updates of one whole noiser + encoder cycle of the trainer's schedule."""
-    method = trainer.config.method
-    if trainer.config.simultaneous:
-        return method.joint_every
-    return method.encoder_steps if trainer.config.adversarial else 1
+    """Encoder updates of one whole cycle of the trainer's schedule (every phase but the
+    noiser's trains the encoder)."""
+    schedule, updates = copy.deepcopy(trainer.schedule), 0
+    for _ in range(schedule.cycle):
+        updates += schedule.phase != NOISER
+        schedule.advance()
+    return updates
 
 
 def median_seconds(function, repeats: int) -> float:

@@ -21,6 +21,7 @@ import torch
 
 from advpt.errors import CheckpointError
 from advpt.models import ENCODER_PRESETS
+from advpt.run_checkpoints import recorded_encoder
 from advpt.training.checkpointing import store
 from tests.helpers import REPO, build_tiny_trainer, child_env, run_in_process, tiny_run_args
 
@@ -169,7 +170,7 @@ def test_a_manifest_naming_its_encoder_preset_still_resumes_and_loads(saved, roo
         content["architecture"] = {"encoder": "tiny"}
         manifest.write_text(json.dumps(content))
     assert _resume(saved, root) == "step00000003"
-    assert store.recorded_encoder(root, "step00000003") == ENCODER_PRESETS["tiny"]
+    assert recorded_encoder(root, "step00000003") == ENCODER_PRESETS["tiny"]
     with pytest.raises(CheckpointError, match="encoder 'tiny' there, 'small' here"):
         _resume(saved, root, {"encoder": "small"})
 
@@ -240,7 +241,7 @@ def test_disk_full_during_a_save_removes_it_and_keeps_the_previous_one(tmp_path,
 
 
 def test_pretrained_run_with_a_damaged_newest_checkpoint_is_one_sentence(saved, tmp_path):
-    from advpt.training.checkpointing.consolidate import load_encoder
+    from advpt.pretrained import load_encoder
 
     run_dir = Path(shutil.copytree(saved.run_dir, tmp_path / "run"))
     assert load_encoder(run_dir).cfg.hidden_size == 32
@@ -281,8 +282,10 @@ def test_enum_members_pickled_by_name_load_and_nothing_else_does(tmp_path):
 
 
 def test_trainer_states_of_older_formats_are_read_as_todays():
+    from advpt.methods.alternating import AlternatingSchedule
+    from advpt.methods.base import JOINT
+    from advpt.methods.simultaneous import SimultaneousSchedule
     from advpt.training.checkpointing.migrate import migrate
-    from advpt.training.schedule import JOINT, AlternatingSchedule, SimultaneousSchedule
 
     # written by two ranks before the layout and joint_every were recorded
     old = {"counters": {"encoder_step": 3, "micro_batches": 6}, "schedule": {"phase": JOINT}}
@@ -299,7 +302,7 @@ def test_trainer_states_of_older_formats_are_read_as_todays():
 
 
 def test_a_latest_marker_naming_a_path_is_not_followed_out_of_the_run(saved, tmp_path):
-    from advpt.training.checkpointing.consolidate import load_encoder
+    from advpt.pretrained import load_encoder
 
     run_dir = Path(shutil.copytree(saved.run_dir, tmp_path / "run"))
     outside = tmp_path / "manifest"  # what checkpoints/manifest/../../manifest.json would be

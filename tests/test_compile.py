@@ -23,9 +23,9 @@ from torch._dynamo.utils import clear_compilation_metrics, counters, get_compila
 
 from advpt.data.stream import stream_loader
 from advpt.errors import ConfigError
+from advpt.methods.alternating import AlternatingAdversary
+from advpt.methods.base import ENCODER, JOINT, NOISER, RANDOM
 from advpt.training.engines.compilation import compiled_part
-from advpt.training.phases import PHASES
-from advpt.training.schedule import ENCODER, JOINT, NOISER, RANDOM
 from tests.helpers import build_tiny_trainer
 
 pytestmark = pytest.mark.usefixtures("distributed", "one_thread")
@@ -46,12 +46,15 @@ def varied_fasta(path):
 
 
 def trainers(tmp_path, encoder: str):
-    """An eager and a compiled trainer from one seed (transformer noiser, varied lengths)."""
+    """An eager and a compiled trainer from one seed (transformer noiser, varied lengths), each
+    with every phase of the adversaries: the simultaneous method's, and the noiser phase of the
+    alternating one, whose step it inherits."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     data = varied_fasta(tmp_path / "varied.fasta")
     flags = [
         "--encoder", encoder, "--noiser_arch", "transformer", "--data", str(data),
         "--max_length", "64", "--micro_batch", "4", "--bucket_batches", "2", "--max_steps", "2",
+        "--schedule", "simultaneous",
     ]  # fmt: skip
     # Adam's eps well above the smallest gradients: a first step of lr x sign(g) would turn a
     # 1e-9 gradient's rounding into a full step (the zero-initialised noiser head has such)
@@ -59,6 +62,8 @@ def trainers(tmp_path, encoder: str):
     ds = {"optimizer": {"type": "AdamW", "params": adam}}
     eager = build_tiny_trainer(tmp_path / "eager", *flags, **ds)
     compiled = build_tiny_trainer(tmp_path / "compiled", *flags, "--compile", **ds)
+    for trainer in (eager, compiled):
+        trainer.phases |= AlternatingAdversary.phases(trainer.method)
     return eager, compiled
 
 
@@ -73,7 +78,7 @@ def batches(trainer, count: int = 40):
 def micro_step(trainer, phase: str, batch, seed: int, boundary: bool):
     """The trainer's micro-step of ``phase`` on ``batch``; returns its loss and, off the
     accumulation boundary (no optimizer step yet), the gradients of the models it trains."""
-    trained = {name: trainer.engines[name] for name in PHASES[phase].trains}
+    trained = {name: trainer.engines[name] for name in trainer.phases[phase].trains}
     for engine in trained.values():
         engine.set_gradient_accumulation_boundary(boundary)
     torch.manual_seed(seed)  # the noiser's draw, the random phase's and dropout
@@ -97,7 +102,7 @@ def assert_same_step(eager, compiled, phase, batches, seed):
         assert compiled_grads.keys() == grads.keys() and (boundary or grads)
         for name, grad in grads.items():
             torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-5, atol=1e-5, msg=name)
-    for name in PHASES[phase].trains:
+    for name in eager.phases[phase].trains:
         weights = eager.engines[name].module.state_dict()
         for key, value in compiled.engines[name].module.state_dict().items():
             torch.testing.assert_close(value, weights[key], rtol=1e-5, atol=1e-5, msg=key)

@@ -15,9 +15,9 @@ a CUDA machine (``scripts/gpu_check.sh``) the same tests also run on ``cuda``, f
 checked finite, under ``torch.cuda.set_sync_debug_mode("error")``, which raises at any sync.
 
 Each test drives the code the trainer runs: the collate and ``Batch.to``, a micro-step of each
-phase through ``advpt.training.objective`` with the modules in place of the DeepSpeed engines
-(which cannot be built on ``meta``), the metrics, validation, and the fine-tuning heads. The
-models get the dtypes the shipped GPU configs give them (``encoder/gpu-bf16`` bf16,
+phase of its masking method (``advpt.methods``) with the modules in place of the DeepSpeed
+engines (which cannot be built on ``meta``), the metrics, validation, and the fine-tuning heads.
+The models get the dtypes the shipped GPU configs give them (``encoder/gpu-bf16`` bf16,
 ``encoder/gpu-fp16`` fp16, ``noiser/gpu`` fp32, ``finetune/gpu-bf16`` bf16), cast the way DeepSpeed
 casts them: parameters only, buffers stay float32.
 """
@@ -39,14 +39,13 @@ from advpt.config.cli import parse
 from advpt.config.pretrain import TrainConfig
 from advpt.data.collate import Batch, MaskingCollator
 from advpt.data.tape_tasks import TaskSplit, collate
+from advpt.methods.base import ENCODER, JOINT, NOISER, RANDOM
+from advpt.methods.registry import build_method
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
 from advpt.models.heads import HeadConfig, TaskModel
 from advpt.tasks import IGNORE_LABEL, PER_RESIDUE, PER_SEQUENCE, REGRESSION
 from advpt.tokenizer import TAPE, Vocabulary
-from advpt.training.objective import AdversarialObjective
-from advpt.training.phases import PHASES
 from advpt.training.reporting.monitor import MetricsAccumulator
-from advpt.training.schedule import ENCODER, JOINT, NOISER, RANDOM
 from advpt.training.validation import validation_sums
 from advpt.variants import VARIANTS
 from tests.helpers import REPO
@@ -150,10 +149,10 @@ def check_tensors(tree, device: torch.device) -> int:
     return count
 
 
-def collated_batches(config, vocab: Vocabulary) -> list[Batch]:
+def collated_batches(rates: tuple[float, float], vocab: Vocabulary) -> list[Batch]:
     """A padded and an unpadded micro-batch (flash attention's path) as the stream makes them."""
     rng = np.random.default_rng(0)
-    collator = MaskingCollator(*config.masking_rates(), 0, vocab)
+    collator = MaskingCollator(*rates, 0, vocab)
     first, end = vocab.first_residue_id, vocab.first_residue_id + vocab.num_residues
 
     def protein(n: int) -> np.ndarray:
@@ -213,23 +212,21 @@ def test_a_micro_step_of_each_phase_stays_on_the_device(device: str, case: str):
     )
     vocab = encoder_cfg.vocabulary
     encoder = place(MaskedLanguageModel(encoder_cfg), device, encoder_config)
+    method = build_method(config, vocab)
     noiser = None
-    if config.adversarial:
+    if method.trains_noiser:
         m = config.model
         noiser = build_noiser(
             m.noiser_arch, "tiny", vocab, m.noiser_bidirectional, m.noiser_context_only
         )
         noiser = place(noiser, device, "noiser/gpu")
-    objective = AdversarialObjective(
-        config.masking, config.importance, config.method.reversal_scale, vocab
-    )
     metrics = MetricsAccumulator(device, vocab)
-    for batch in collated_batches(config, vocab):
+    for batch in collated_batches(method.masking_rates(), vocab):
         with hot_loop(device):
             batch = moved(batch, device)
-            spec = PHASES[phase]
+            spec = method.phases()[phase]
             backward = dict.fromkeys(spec.trains, torch.Tensor.backward)
-            out, draw = spec.objective(objective, noiser, encoder, batch, backward)
+            out, draw = spec.step(noiser, encoder, batch, backward)
             metrics.record(spec.label, out, draw, batch)
         # the MLM output's 4 and the counters; a draw adds its sample's 5, the entropy and,
         # for the importance estimator, the weights
@@ -259,7 +256,7 @@ def test_validation_stays_on_the_device(device: str):
     config = parse(TrainConfig, VARIANTS["random"])
     torch.manual_seed(0)
     encoder = place(MaskedLanguageModel(ENCODER_PRESETS["tiny"]), device, "encoder/gpu-bf16")
-    batches = collated_batches(config, TAPE)
+    batches = collated_batches(build_method(config, TAPE).masking_rates(), TAPE)
     with hot_loop(device):  # the host sync comes once, after the loop: sums.tolist()
         sums = validation_sums(encoder, batches, device)
     assert sums.shape == (3,) and sums.dtype == torch.float64

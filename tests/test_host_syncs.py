@@ -15,10 +15,10 @@ from advpt import ds_configs
 from advpt.data.stream import stream_loader
 from advpt.errors import NonFiniteError
 from advpt.host_syncs import HostSyncs
+from advpt.methods.base import ENCODER
 from advpt.training.engines.engine import settle_skipped_steps, skips_on_device
 from advpt.training.progress import Progress
 from advpt.training.reporting.monitor import MetricsWriter
-from advpt.training.schedule import ENCODER
 from advpt.variants import VARIANTS
 from tests.helpers import build_tiny_trainer
 

@@ -15,8 +15,8 @@ from advpt.masking.importance import (
     uniform_option_probabilities,
     with_random_options,
 )
+from advpt.methods.base import ENCODER, NOISER
 from advpt.tokenizer import TAPE
-from advpt.training.schedule import ENCODER, NOISER
 from tests.helpers import build_tiny_trainer
 
 

@@ -8,9 +8,11 @@ import logging
 import pytest
 import torch
 
+from advpt.config.cli import parse
+from advpt.config.pretrain import TrainConfig
 from advpt.masking.adversarial import position_entropy
+from advpt.methods.registry import build_method
 from advpt.tokenizer import TAPE
-from advpt.training.schedule import noiser_lr_steps
 from tests.helpers import build_tiny_trainer, build_with_noiser_json, read_metrics
 
 
@@ -24,7 +26,7 @@ def test_entropy_bonus_adds_the_entropy_gradient_to_the_noiser_step(tmp_path, di
         trainer.config.masking.noiser_entropy_bonus = entropy_bonus
         trainer.noiser.optimizer.zero_grad()
         torch.manual_seed(0)
-        trainer.objective.noiser_backward(
+        trainer.method.noiser_backward(
             trainer.noiser, trainer.encoder.module, batch, {"noiser": trainer.noiser.backward}
         )
         return {n: p.grad.clone() for n, p in noiser.named_parameters()}
@@ -51,10 +53,15 @@ def test_collapse_alarm_logs_every_record_and_warns_once(tmp_path, distributed, 
 
 
 def test_noiser_has_its_own_warmup_learning_rate_and_clipping(tmp_path, distributed):
-    assert noiser_lr_steps(100, 10, 10, 10, -1, simultaneous=False) == (10, 100)
-    assert noiser_lr_steps(100, 10, 5, 10, -1, simultaneous=False) == (5, 50)
-    assert noiser_lr_steps(100, 10, 5, 10, 3, simultaneous=False) == (3, 50)
-    assert noiser_lr_steps(100, 10, 5, 10, -1, simultaneous=True) == (10, 100)
+    def noiser_lr_steps(*flags: str) -> tuple[int, int]:
+        config = parse(TrainConfig, ["--max_steps", "100", "--warmup_steps", "10", *flags])
+        return build_method(config, TAPE).noiser_lr_steps()
+
+    assert noiser_lr_steps() == (10, 100)
+    assert noiser_lr_steps("--noiser_steps", "5") == (5, 50)
+    assert noiser_lr_steps("--noiser_steps", "5", "--noiser_warmup_steps", "3") == (3, 50)
+    assert noiser_lr_steps("--noiser_steps", "5", "--schedule", "simultaneous") == (10, 100)
+    assert noiser_lr_steps("--noiser_start_at", "0.2") == (10, 80)  # the steps it plays in
     # the noiser's learning rate and clipping live in its own DeepSpeed JSON
     trainer = build_with_noiser_json(
         tmp_path, {"gradient_clipping": 0.5}, "--noiser_warmup_steps", "4"
@@ -79,7 +86,7 @@ def test_random_only_warmup_masks_at_random_then_the_noiser_starts(tmp_path, dis
     kinds = torch.zeros(3)  # [MASK], kept, replaced at the noiser's share of the positions
     for number in range(12):
         batch = trainer.stream[number]
-        trainer.objective.random_backward(None, encoder, batch, {"encoder": lambda loss: None})
+        trainer.method.random_backward(None, encoder, batch, {"encoder": lambda loss: None})
         tokens, ids, masked = seen[-1]
         assert int(masked.sum()) == batch.num_masked and bool((masked >= batch.random_masked).all())
         drawn = masked & ~batch.random_masked

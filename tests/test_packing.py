@@ -12,13 +12,14 @@ import torch
 import torch.nn.functional as F
 
 from advpt.config.cli import parse
-from advpt.config.pretrain import MaskingConfig, TrainConfig
+from advpt.config.pretrain import TrainConfig
 from advpt.data.batching import LengthBucketedBatches, TokenBudgetBatches, pack_rows
 from advpt.data.collate import MaskingCollator
 from advpt.errors import CheckpointError, ConfigError
+from advpt.methods.alternating import AlternatingAdversary
+from advpt.methods.shared import masked_lm
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
 from advpt.training.engines.batch_layout import BatchLayout
-from advpt.training.objective import AdversarialObjective, masked_lm
 from tests.helpers import (
     read_metrics,
     run_in_process,
@@ -97,12 +98,12 @@ def test_the_noiser_learns_the_same_from_packed_rows(preset):
     torch.manual_seed(0)
     model = MaskedLanguageModel(cfg)
     noiser = build_noiser("gru", "tiny", cfg.vocabulary)
-    objective = AdversarialObjective(MaskingConfig(), False, 1.0, cfg.vocabulary)
+    adversary = AlternatingAdversary(TrainConfig(), cfg.vocabulary)
     results = []
     for batch in (padded, packed):
         noiser.zero_grad()
         torch.manual_seed(3)  # the same Gumbel noise
-        out, draw = objective.noiser_backward(
+        out, draw = adversary.noiser_backward(
             noiser, model, batch, {"noiser": lambda loss: loss.backward()}
         )
         assert torch.equal(draw.sample.positions.sum(1), batch.budget)

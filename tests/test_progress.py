@@ -4,9 +4,11 @@ import io
 
 import pytest
 
+from advpt.methods.alternating import AlternatingSchedule
+from advpt.methods.base import ENCODER, EncoderSteps
+from advpt.methods.simultaneous import SimultaneousSchedule
 from advpt.training.engines.batch_layout import BatchLayout
 from advpt.training.progress import Progress
-from advpt.training.schedule import ENCODER, AlternatingSchedule, make_schedule
 
 
 class Terminal(io.StringIO):
@@ -75,7 +77,7 @@ def test_other_ranks_print_nothing(stream):
 @pytest.mark.parametrize("noiser_steps, encoder_steps", [(10, 10), (3, 5), (1, 4)])
 @pytest.mark.parametrize("adversarial", [True, False])
 def test_total_steps_count_both_phases(noiser_steps, encoder_steps, adversarial):
-    schedule = make_schedule(False, noiser_steps, encoder_steps, adversarial)
+    schedule = AlternatingSchedule(noiser_steps, encoder_steps) if adversarial else EncoderSteps()
     steps = encoder = 0
     for target in range(1, 23):
         while encoder < target:
@@ -83,7 +85,7 @@ def test_total_steps_count_both_phases(noiser_steps, encoder_steps, adversarial)
             schedule.advance()
             steps += 1
         assert schedule.steps_until(target) == steps
-    assert make_schedule(True, noiser_steps, encoder_steps, adversarial).steps_until(7) == 7
+    assert SimultaneousSchedule(noiser_steps).steps_until(7) == 7
 
 
 def test_the_batch_sentence_names_its_parts_and_when_it_grows():

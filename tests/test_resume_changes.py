@@ -3,7 +3,8 @@
 
 import json
 
-from advpt.training.schedule import ENCODER, NOISER, AlternatingSchedule
+from advpt.methods.alternating import AlternatingSchedule
+from advpt.methods.base import ENCODER, NOISER
 from tests.helpers import read_metrics, run_in_process, tiny_run_args
 
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from advpt.methods.base import ENCODER, NOISER
 from advpt.models import MaskedLanguageModel
 from advpt.models.encoder import EncoderConfig
 from advpt.tokenizer import TAPE
-from advpt.training.schedule import ENCODER, NOISER
 from tests.helpers import build_tiny_trainer, launch_as_torchrun, read_metrics, tiny_run_args
 
 

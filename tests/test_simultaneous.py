@@ -8,9 +8,8 @@ import torch
 from deepspeed.utils import safe_get_full_grad
 
 from advpt.errors import CheckpointError, ConfigError
-from advpt.training.phases import PHASES
-from advpt.training.reversal import reverse_gradient
-from advpt.training.schedule import ENCODER, JOINT, NOISER
+from advpt.methods.base import ENCODER, JOINT, NOISER
+from advpt.methods.shared import reverse_gradient
 from tests.helpers import build_tiny_trainer, build_with_noiser_json, read_metrics
 
 
@@ -20,18 +19,18 @@ def _full_grads(engine) -> dict[str, torch.Tensor]:
 
 
 def _accumulated_grads(trainer, phase: str, batches) -> list[dict[str, torch.Tensor]]:
-    """Gradients of the engines ``phase`` trains after its objective's backward over one
+    """Gradients of the engines ``phase`` trains after its step's backward over one
     accumulation window of ``batches``, before the optimizer step.
 
     Every micro-batch starts from the same seed, so noiser draws and dropout repeat exactly.
     """
-    spec = PHASES[phase]
+    spec = trainer.phases[phase]
     engines = [trainer.engines[name] for name in spec.trains]
     noiser, encoder = (e if e in engines else e.module for e in (trainer.noiser, trainer.encoder))
     for i, batch in enumerate(batches):
         torch.manual_seed(i)
         backward = {name: trainer.engines[name].backward for name in spec.trains}
-        spec.objective(trainer.objective, noiser, encoder, batch, backward)
+        spec.step(noiser, encoder, batch, backward)
         if i < len(batches) - 1:
             for engine in engines:
                 engine.step()  # not a boundary: only counts the micro-step

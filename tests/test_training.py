@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from advpt.methods.base import ENCODER, NOISER
 from advpt.tokenizer import TAPE
 from advpt.training.reporting.monitor import MetricsAccumulator
-from advpt.training.schedule import ENCODER, NOISER
 from advpt.training.trainer import NonFiniteError
 from tests.helpers import build_tiny_trainer
 
@@ -47,7 +47,7 @@ def _expected_loss(trainer, batch, draws: int = 24) -> float:
         for seed in range(draws):
             torch.manual_seed(seed)
             scores = trainer.noiser.module(batch.ids, batch.lengths)
-            sample = trainer.objective.draw(scores, batch).sample
+            sample = trainer.method.draw(scores, batch).sample
             masked = batch.random_masked | sample.positions
             out = trainer.encoder.module(
                 sample.ids, batch.valid, batch.ids, masked, batch.num_masked

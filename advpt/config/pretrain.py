@@ -30,7 +30,7 @@ from advpt.models.encoder import EncoderPreset
 from advpt.models.noiser import NoiserArch, NoiserPreset
 from advpt.variants import VARIANTS
 
-# The method's own switches, which the training loop reads from here.
+# The switches that name the built-in masking method (advpt.methods.registry.builtin_name).
 Mode = Literal["adversarial", "random"]
 Schedule = Literal["alternating", "simultaneous"]
 Estimator = Literal["mixed", "importance"]
@@ -42,7 +42,8 @@ TRACKERS = ("tensorboard", "wandb", "mlflow", "csv")
 @dataclass
 class MethodConfig(Section):
     """What the run trains: the adversarial method or the random baseline, and how the noiser
-    and the encoder take turns (the paper's Algorithm 5, or one joint step)."""
+    and the encoder take turns (the paper's Algorithm 5, or one joint step); or another masking
+    method (``advpt.methods``)."""
 
     mode: Mode = "adversarial"
     """adversarial trains the noiser against the encoder; random is the random-MLM baseline."""
@@ -62,6 +63,12 @@ class MethodConfig(Section):
     """Fraction of the encoder steps trained on plain random masking (random_rate +
     adversarial_rate, all drawn at random) before the noiser starts, so that it meets an encoder
     that already reads context; 0 is the paper's (adversarial from the first step)."""
+    masking_method: str = ""
+    """The masking method to train: empty is the built-in one that --mode, --schedule and
+    --estimator name (random, alternating, simultaneous, importance, importance-simultaneous);
+    else the name of a built-in, of a method registered in code or of an entry point of group
+    advpt.masking_methods, or path/to/file.py:ClassName, and --mode, --schedule and --estimator
+    then do not apply (docs/methods.md, Writing a masking method)."""
 
     def rules(self) -> list[tuple[bool, str]]:
         return [
@@ -401,46 +408,17 @@ class TrainConfig(Section):
             (m.random_rate + m.adversarial_rate > 0,
              "--random_rate and --adversarial_rate are both 0: nothing would be masked, so "
              "nothing would be trained or validated"),
-            (not self.adversarial or self.importance or m.adversarial_rate > 0,
-             "--mode adversarial with --adversarial_rate 0 leaves the noiser no positions to "
-             "choose, so it never learns (set --adversarial_rate, or --mode random)"),
             (self.global_batch is None or self.global_batch > 0, "global_batch must be positive"),
             (self.micro_batch is None or self.micro_batch > 0, "micro_batch must be positive"),
             (self.lr is None or self.lr > 0, "lr must be positive"),
         ]  # fmt: skip
 
-    @property
-    def adversarial(self) -> bool:
-        return self.method.mode == "adversarial"
-
-    @property
-    def simultaneous(self) -> bool:
-        """Whether one pass per step updates both engines (adversarial runs only)."""
-        return self.adversarial and self.method.schedule == "simultaneous"
-
-    @property
-    def importance(self) -> bool:
-        """Whether the noiser draws every masked position and the loss is reweighted."""
-        return self.adversarial and self.masking.estimator == "importance"
-
-    def masking_rates(self) -> tuple[float, float]:
-        """(random, adversarial) rates; every run masks the same total.
-
-        The random baseline masks it all at random, the importance estimator all adversarially.
-        """
-        m = self.masking
-        total = m.random_rate + m.adversarial_rate
-        if not self.adversarial:
-            return total, 0.0
-        if self.importance:
-            return 0.0, total
-        return m.random_rate, m.adversarial_rate
-
     def training_settings(self) -> dict[str, Any]:
         """What a checkpoint records as the way it was trained, by flag name, and a resumed run
         keeps unless ``--allow_setting_changes``: the method's settings and the masking's, but
         for where the sampler runs and when a collapse warning is given, which train nothing
-        differently."""
+        differently. ``masking_method`` is as given here; the run plan records the method it
+        names instead (``RunPlan.settings``)."""
         untrained = {"sampler_backend", "collapse_entropy_threshold"}
         return {
             f.name: getattr(section, f.name)

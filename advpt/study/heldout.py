@@ -14,13 +14,14 @@ from advpt.config.pretrain import TrainConfig
 from advpt.data.collate import Batch, MaskingCollator
 from advpt.data.dataset import CroppedView
 from advpt.data.stream import ValidationBatches
+from advpt.methods.registry import build_method
+from advpt.methods.shared import masked_lm
 from advpt.models import build_noiser
 from advpt.study.arms import BASELINE, JUDGE, JUDGE_SEED, SCORE_RATE
 from advpt.study.records import HARD, RANDOM, Score
 from advpt.study.runs import run_config
 from advpt.study.sizes import Size
 from advpt.training.build import build_data
-from advpt.training.objective import AdversarialObjective, masked_lm
 
 DRAW_SEED = 10_000  # crop windows, masks and judge draws of the final scores
 
@@ -70,19 +71,19 @@ def seed_tasks(
     )
     noiser.load_state_dict(torch.load(runs / "judge" / "noiser.pt", map_location="cpu"))
     noiser.to(device).eval()
-    objective = AdversarialObjective(judge.masking, judge.importance, 1.0, view.vocab)
+    adversary = build_method(judge, view.vocab)  # the judge's draw, as it was trained
     random_task, hard_task = Task(RANDOM), Task(HARD)
     with torch.no_grad():
         for draw in range(size.score_draws):
             for batch in draw_batches(view, size, draw, (SCORE_RATE, 0.0)):
                 random_task.items.append((batch, batch.inputs, batch.random_masked))
-            batches = draw_batches(view, size, draw, judge.masking_rates())
+            batches = draw_batches(view, size, draw, adversary.masking_rates())
             for number, batch in enumerate(batches):
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(DRAW_SEED * (draw + 1) + number)
                     on_device = batch.to(device)
                     scores = noiser(on_device.ids, on_device.lengths)
-                    sample = objective.draw(scores, on_device).sample
+                    sample = adversary.draw(scores, on_device).sample
                 hard_task.items.append((batch, sample.ids.cpu(), sample.positions.cpu()))
     return [random_task, hard_task], config
 

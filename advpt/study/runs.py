@@ -13,6 +13,7 @@ import torch
 from advpt.config.cli import parse
 from advpt.config.pretrain import DataConfig, TrainConfig
 from advpt.errors import ConfigError, DataError
+from advpt.methods.registry import build_method
 from advpt.outputs import write_atomically
 from advpt.study.arms import JUDGE, JUDGE_SEED, SCORE_RATE
 from advpt.study.records import (
@@ -25,7 +26,7 @@ from advpt.study.records import (
 from advpt.study.sizes import Size
 from advpt.training.build import build_trainer, open_data
 from advpt.training.engines.engine import simple_ds_config
-from advpt.training.schedule import random_only_steps
+from advpt.training.plan import encoder_config
 from advpt.training.trainer import Trainer
 from advpt.variants import VARIANTS
 
@@ -216,7 +217,8 @@ def equal_compute_step(config: TrainConfig, cost: float) -> int:
     n = config.optim.max_steps
     if cost <= 1.0:
         return n
-    warmup = random_only_steps(n, config.method.noiser_start_at) if config.adversarial else n
+    method = build_method(config, encoder_config(config.model).vocabulary)
+    warmup = method.warmup_steps() if method.trains_noiser else n
     return min(n, round(steps_for_compute(n, warmup, cost)))
 
 

@@ -23,10 +23,12 @@ from advpt.data.residue_store import ProteinDataset
 from advpt.data.sampling import sample_subset, split
 from advpt.data.stream import MicroBatches, ValidationBatches
 from advpt.errors import CheckpointError
+from advpt.methods.base import MaskingMethod
+from advpt.methods.registry import build_method
 from advpt.models import MaskedLanguageModel, build_noiser
+from advpt.pretrained import load_model
 from advpt.tokenizer import Vocabulary
 from advpt.training.checkpointing.checkpointer import Checkpointer
-from advpt.training.checkpointing.consolidate import load_model
 from advpt.training.engines.compilation import compile_engine
 from advpt.training.engines.engine import build_engine
 from advpt.training.plan import RunPlan, encoder_config
@@ -52,9 +54,11 @@ def build_trainer(
     plan = RunPlan.resolve(config, dist.get_world_size(), source)
     if claim is not None:
         claim(plan.run_dir)
+    rank, vocab = dist.get_rank(), plan.encoder.vocabulary
     stream, validation = build_data(
-        config, plan.layout.micro_batch, dist.get_rank(), plan.layout.ranks, plan.encoder.vocabulary
+        config, plan.layout.micro_batch, rank, plan.layout.ranks, vocab, plan.method
     )
+    plan.method.prepare(stream.view)
     engines = build_engines(config, plan, source)
     checkpointer = Checkpointer(
         plan, engines, config.run.checkpoint_every, config.run.keep_checkpoints,
@@ -81,17 +85,24 @@ def open_data(d: DataConfig) -> tuple[ProteinDataset, ClusterIndex | None]:
 
 
 def build_data(
-    config: TrainConfig, micro_batch: int, rank: int, world: int, vocab: Vocabulary | None = None
+    config: TrainConfig,
+    micro_batch: int,
+    rank: int,
+    world: int,
+    vocab: Vocabulary | None = None,
+    method: MaskingMethod | None = None,
 ) -> tuple[MicroBatches, ValidationBatches]:
     """This rank's training stream and its share of the fixed validation sample, in ``vocab``'s
-    ids (the encoder's; default: those of the run's encoder preset). The stream's micro-batches
-    are ``micro_batch`` sequences, or with ``--tokens_per_batch`` a token budget; validation's
-    are ``micro_batch`` sequences either way, so runs with and without it score alike."""
+    ids (the encoder's; default: those of the run's encoder preset), masked at the rates of
+    ``method`` (default: the one ``config`` names). The stream's micro-batches are
+    ``micro_batch`` sequences, or with ``--tokens_per_batch`` a token budget; validation's are
+    ``micro_batch`` sequences either way, so runs with and without it score alike."""
     d, seed = config.dataset, config.run.seed
     vocab = vocab or encoder_config(config.model).vocabulary
+    method = method or build_method(config, vocab)
     dataset, clusters = open_data(d)
     train, held_out = split(len(dataset), clusters, d.val_fraction, seed, d.sample_by)
-    random_rate, adversarial_rate = config.masking_rates()
+    random_rate, adversarial_rate = method.masking_rates()
     view = CroppedView(dataset, train, d.max_length, seed, vocab)
     if d.tokens_per_batch:
         batches = TokenBudgetBatches(
@@ -107,7 +118,7 @@ def build_data(
     stream = MicroBatches(view, batches, collate, rank, world)
     chosen = sample_subset(held_out, d.val_max_batches * micro_batch, seed)
     held_out_view = CroppedView(dataset, chosen, d.max_length, seed, vocab)
-    val_rate = m.val_masking_rate or random_rate + adversarial_rate
+    val_rate = m.val_masking_rate or m.random_rate + m.adversarial_rate
     val_collate = MaskingCollator(val_rate, 0.0, seed + 1, vocab)
     return stream, ValidationBatches(held_out_view, micro_batch, val_collate, rank, world)
 
@@ -115,8 +126,8 @@ def build_data(
 def build_engines(
     config: TrainConfig, plan: RunPlan, source: MaskedLanguageModel | None = None
 ) -> dict[str, deepspeed.DeepSpeedEngine]:
-    """The encoder's engine (``plan.encoder``, holding ``source``'s weights when given) and, in
-    adversarial runs, the noiser's, seeded by ``config``, from the DeepSpeed configs and
+    """The encoder's engine (``plan.encoder``, holding ``source``'s weights when given) and, for
+    a method that trains one, the noiser's, seeded by ``config``, from the DeepSpeed configs and
     learning-rate schedules of ``plan``; compiled with ``--compile``."""
     torch.manual_seed(config.run.seed)
     s, configs = config.optim, plan.deepspeed_configs
@@ -125,7 +136,7 @@ def build_engines(
         model.load_state_dict(source.state_dict())
     encoder = build_engine(model, configs["encoder"], s.warmup_steps, s.max_steps, s.min_lr_ratio)
     engines = {"encoder": encoder}
-    if plan.noiser_lr_steps is not None:
+    if plan.method.trains_noiser:
         m = config.model
         warmup, total = plan.noiser_lr_steps
         noiser_model = build_noiser(

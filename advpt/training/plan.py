@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any
 from advpt.config.finetuning import FinetuneConfig
 from advpt.config.pretrain import ModelConfig, TrainConfig
 from advpt.errors import ConfigError
+from advpt.methods.base import MaskingMethod
+from advpt.methods.registry import method_source
 from advpt.models.encoder import ENCODER_PRESETS, EncoderConfig, check_max_length
-from advpt.training.checkpointing.store import model_identity
+from advpt.run_checkpoints import model_identity
 from advpt.training.engines.batch_layout import BatchLayout
 from advpt.training.engines.engine import load_ds_config, read_ds_config
 from advpt.training.run_dir import RunDir
-from advpt.training.schedule import noiser_lr_steps, random_only_steps
 
 if TYPE_CHECKING:
     from advpt.models import MaskedLanguageModel
@@ -37,21 +38,26 @@ class RunPlan:
     Attributes:
         run_dir: where the run lives.
         encoder: the encoder's architecture and settings (:func:`encoder_config`).
+        method: the masking method (``advpt.methods``): what the trainer asks which engines,
+            phases, schedule and masking rates the run has.
         layout: the batch: micro-batch, accumulation of each engine, ranks, growth.
         deepspeed_configs: each engine's DeepSpeed config with ``layout``'s batch: what the
             engines are built from, and what ``config.json`` names (``ds_config.json``, ...).
-        random_only_steps: encoder steps of the random-only warm-up before the noiser starts
-            (``--noiser_start_at``; 0 in random-MLM runs).
+        random_only_steps: encoder steps of the method's random-only warm-up before its
+            schedule starts (``--noiser_start_at``; 0 for a method without one).
         noiser_lr_steps: ``(warmup, total)`` optimizer steps of the noiser's learning-rate
-            schedule; None in random-MLM runs.
+            schedule; None for a method without a noiser.
         identity: the model a checkpoint is written for and a resume must match
             (``checkpoint.model_identity``).
         settings: how the run trains, by flag (``TrainConfig.training_settings``): what a
-            checkpoint records and a resume keeps unless ``--allow_setting_changes``.
+            checkpoint records and a resume keeps unless ``--allow_setting_changes``, with
+            ``masking_method`` the method resolved (``MethodSource.recorded``: its name, and
+            for a file its path and digest).
     """
 
     run_dir: RunDir
     encoder: EncoderConfig
+    method: MaskingMethod
     layout: BatchLayout
     deepspeed_configs: dict[str, dict[str, Any]]
     random_only_steps: int
@@ -71,14 +77,19 @@ class RunPlan:
     ) -> RunPlan:
         """The plan of ``config`` on ``ranks`` ranks, its encoder ``source``'s (the loaded
         ``--init_from`` model) unless ``--encoder`` names one."""
-        s, m = config.optim, config.method
+        s = config.optim
+        encoder = encoder_config(config.model, source)
+        name = config.model.encoder or config.model.init_from or DEFAULT_ENCODER
+        check_max_length(encoder, config.dataset.max_length, name)
+        found = method_source(config)
+        method = found.build(config, encoder.vocabulary)
         jsons = {"encoder": read_ds_config(config.deepspeed_config, "encoder")}
-        if config.adversarial:
+        if method.trains_noiser:
             jsons["noiser"] = read_ds_config(config.noiser_deepspeed_config, "noiser")
+        joint = any(len(phase.trains) > 1 for phase in method.phases().values())
         layout = BatchLayout.resolve(
-            jsons, ranks, config.global_batch, config.micro_batch,
-            same_accumulation=config.simultaneous,
-        ).growing(s.max_steps, s.batch_growth_at, s.growth_factor)  # fmt: skip
+            jsons, ranks, config.global_batch, config.micro_batch, same_accumulation=joint
+        ).growing(s.max_steps, s.batch_growth_at, s.growth_factor)
         layout = layout.in_tokens(config.dataset.tokens_per_batch, config.dataset.pack)
         run_dir = cls.run_dir_of(config)
         lrs = {"encoder": config.lr}  # the noiser's is its JSON's
@@ -87,20 +98,11 @@ class RunPlan:
             name: load_ds_config(json_, batch(name), monitor, name, lrs.get(name))
             for name, json_ in jsons.items()
         }
-        encoder = encoder_config(config.model, source)
-        name = config.model.encoder or config.model.init_from or DEFAULT_ENCODER
-        check_max_length(encoder, config.dataset.max_length, name)
-        noiser_lrs, warmup = None, 0
-        if config.adversarial:
-            warmup = random_only_steps(s.max_steps, m.noiser_start_at)
-            noiser_lrs = noiser_lr_steps(
-                s.max_steps - warmup, s.warmup_steps, m.noiser_steps, m.encoder_steps,
-                s.noiser_warmup_steps, config.simultaneous, m.joint_every,
-            )  # fmt: skip
-        noiser = config.model.noiser_settings() if config.adversarial else None
+        noiser = config.model.noiser_settings() if method.trains_noiser else None
+        settings = {**config.training_settings(), "masking_method": found.recorded}
         return cls(
-            run_dir, encoder, layout, deepspeed_configs, warmup, noiser_lrs,
-            model_identity(encoder, noiser), config.training_settings(),
+            run_dir, encoder, method, layout, deepspeed_configs, method.warmup_steps(),
+            method.noiser_lr_steps(), model_identity(encoder, noiser), settings,
         )  # fmt: skip
 
     def resumed(self, layout: BatchLayout) -> RunPlan:

@@ -1,30 +1,21 @@
-"""The training loop over two DeepSpeed engines: alternating phases, or both at once.
+"""The training loop over the DeepSpeed engines of a masking method: the encoder's, and the
+noiser's if the method trains one.
 
-Alternating (the paper's Algorithm 5, the default): one optimizer step of a phase is
-``gradient_accumulation_steps`` micro-steps of that phase's engine. In a noiser step the encoder
-is frozen (``requires_grad`` off) and runs as a plain module, not as its engine
-(``advpt.training.phases`` says why); the noiser engine backpropagates ``-loss`` to maximise the
-MLM loss. In an encoder step the noiser runs under ``no_grad`` and the encoder engine
-backpropagates ``loss``.
+The method (``advpt.methods``, the run plan's) says what to do: its schedule names the phase of
+each optimizer step (after its random-only warm-up, ``--noiser_start_at``, whose steps follow
+from the encoder step count, so that resumed runs need no further state), and its phase table
+what a micro-step of that phase runs and which engines it trains. One optimizer step of a phase
+is ``gradient_accumulation_steps`` micro-steps; the engines the phase trains run as themselves
+(their forward, ``backward`` and ``step()``), the other model as its plain module
+(``advpt.methods.shared`` says why). The paper's noiser and encoder steps are
+``advpt.methods.alternating``.
 
-Simultaneous (``--schedule simultaneous``, beyond the paper): every micro-step runs the noiser,
-then the encoder *engine* on detached copies of the noiser's sample; the encoder engine's
-backward fills their gradients, and the noiser engine backpropagates them reversed
-(``advpt.training.reversal``); then both engines step. One forward and one backward per
-micro-step, and each engine keeps its own accumulation, loss scaling and ZeRO reduction.
-
-Random-only warm-up (``--noiser_start_at``, beyond the paper): the run's first encoder steps
-train the encoder alone under random masking (phase ``random``); the schedule above starts when
-the noiser does. Whether a step is in the warm-up follows from the encoder step count, so resumed
-runs need no further state.
-
-What each phase maximises or minimises is ``advpt.training.objective``; which engines it trains and
-what it is logged as, ``advpt.training.phases``; the batch, ``advpt.training.engines.batch_layout``;
-when a save is due and what it holds, ``advpt.training.checkpointing.checkpointer``; every run-level
-fact, ``advpt.training.plan``. This module is the loop around them, read top to bottom: ``train``
-runs ``_train_step`` (one ``optimizer_step``, then the logging, validation and saving that fall
-due); an optimizer step is one accumulation window of ``micro_step`` calls, each the phase's
-objective and its engines' ``step()``.
+The batch is ``advpt.training.engines.batch_layout``; when a save is due and what it holds,
+``advpt.training.checkpointing.checkpointer``; every run-level fact, ``advpt.training.plan``. This
+module is the loop around them, read top to bottom: ``train`` runs ``_train_step`` (one
+``optimizer_step``, then the logging, validation and saving that fall due); an optimizer step is
+one accumulation window of ``micro_step`` calls, each the phase's step and its engines'
+``step()``.
 """
 
 from __future__ import annotations
@@ -42,6 +33,7 @@ from advpt.config.pretrain import TrainConfig
 from advpt.data.collate import Batch
 from advpt.data.stream import MicroBatches, ValidationBatches, stream_loader
 from advpt.errors import NonFiniteError
+from advpt.methods.base import RANDOM
 from advpt.models.encoder import MLMOutput
 from advpt.training import distributed
 from advpt.training.checkpointing.checkpointer import Checkpointer
@@ -49,8 +41,6 @@ from advpt.training.counters import Counters
 from advpt.training.engines.batch_layout import BatchLayout
 from advpt.training.engines.compilation import describe_compile_time
 from advpt.training.engines.engine import plain_module, settle_skipped_steps, skips_on_device
-from advpt.training.objective import AdversarialObjective
-from advpt.training.phases import PHASES
 from advpt.training.plan import RunPlan
 from advpt.training.preemption import StopSignals, WallClock, ignore_in_worker, job_deadline
 from advpt.training.progress import Progress
@@ -61,7 +51,6 @@ from advpt.training.reporting.monitor import (
     check_collapse,
 )
 from advpt.training.run_dir import RunDir, write_config
-from advpt.training.schedule import JOINT, RANDOM, make_schedule
 from advpt.training.validation import validate
 
 
@@ -77,25 +66,21 @@ class Trainer:
         device: torch.device,
         stop_signals: StopSignals | None = None,
     ):
-        """``engines`` (the encoder's, and in adversarial runs the noiser's) were built from
-        ``plan``'s DeepSpeed configs, before any resume (:meth:`restore`)."""
+        """``engines`` (the encoder's, and the noiser's if ``plan.method`` trains one) were built
+        from ``plan``'s DeepSpeed configs, before any resume (:meth:`restore`)."""
         self.config, self.plan, self.engines = config, plan, engines
         self.encoder, self.noiser = engines["encoder"], engines.get("noiser")
         # the batch the engines were last told (_tell_batch): its layout, and whether grown
         self._told_layout, self._told_grown = plan.layout, False
         self.checkpointer = checkpointer
         self.stream, self.validation, self.device = train_stream, validation, device
-        m = config.method
-        self.schedule = make_schedule(
-            config.simultaneous, m.noiser_steps, m.encoder_steps, config.adversarial, m.joint_every
-        )
+        self.method = plan.method
+        self.phases = self.method.phases()
+        self.schedule = self.method.schedule()
         self.counters = Counters()
         self.resumed = False  # whether a checkpoint was restored (restore)
         self.is_main = distributed.rank() == 0
         self.vocab = self.encoder.module.encoder.cfg.vocabulary  # the encoder's ids, all along
-        self.objective = AdversarialObjective(
-            config.masking, config.importance, config.method.reversal_scale, self.vocab
-        )
         self.metrics = MetricsAccumulator(device, self.vocab)  # since the last logged step
         self._last_phase = self.phase
         self._plain = {name: plain_module(engine) for name, engine in self.engines.items()}
@@ -128,7 +113,7 @@ class Trainer:
             stop_at = min(stop_at, self.counters.encoder_step + cfg.run.stop_after_steps)
         progress = Progress(
             self.steps_until(stop_at), self.counters.step, stop_at,
-            f"{cfg.method.mode} pre-training", enabled=self.is_main,
+            f"{self.method.name} pre-training", enabled=self.is_main,
         )  # fmt: skip
         progress.note(self.layout.describe(cfg.optim.max_steps))
         if limit := self.wall_clock.describe():
@@ -210,7 +195,7 @@ class Trainer:
 
     @property
     def phase(self) -> str:
-        """The schedule's phase, or RANDOM in the random-only warm-up before the noiser starts."""
+        """The schedule's phase, or RANDOM in the method's random-only warm-up before it."""
         if self.counters.encoder_step < self.plan.random_only_steps:
             return RANDOM
         return self.schedule.phase
@@ -233,7 +218,7 @@ class Trainer:
         """
         self._tell_batch()
         phase = self.phase
-        trained = {name: self.engines[name] for name in PHASES[phase].trains}
+        trained = {name: self.engines[name] for name in self.phases[phase].trains}
         log = (self.counters.step + 1) % self.config.run.log_every == 0
         window = self.layout.accumulation_steps(next(iter(trained)), self._told_grown)
         for micro in range(window):
@@ -244,8 +229,8 @@ class Trainer:
             self.micro_step(phase, batch, log)
         self.counters.noiser_step += "noiser" in trained
         self.counters.encoder_step += "encoder" in trained
-        self.counters.joint_step += phase == JOINT
-        if phase != RANDOM:  # the schedule starts when the noiser does
+        self.counters.joint_step += len(trained) > 1  # one pass trained both
+        if phase != RANDOM:  # the schedule starts after the warm-up
             self.schedule.advance()
         self._last_phase = phase
         for name, engine in trained.items():
@@ -253,16 +238,15 @@ class Trainer:
         return phase
 
     def micro_step(self, phase: str, batch: Batch, log: bool = False) -> MLMOutput:
-        """One micro-step of ``phase`` (``PHASES``): its objective's backward through the
-        engines it trains, their ``step()`` (an optimizer step at the accumulation boundary),
-        and its metrics. The model it does not train runs as a plain module."""
-        spec = PHASES[phase]
+        """One micro-step of ``phase`` (the method's ``phases``): its step function's forward and
+        backward through the engines it trains, their ``step()`` (an optimizer step at the
+        accumulation boundary), and its metrics. The model it does not train runs as a plain
+        module."""
+        spec = self.phases[phase]
         trained = {name: self.engines[name] for name in spec.trains}
         models = {name: trained.get(name, self._plain[name]) for name in self.engines}
         backward = {name: engine.backward for name, engine in trained.items()}
-        out, draw = spec.objective(
-            self.objective, models.get("noiser"), models["encoder"], batch, backward
-        )
+        out, draw = spec.step(models.get("noiser"), models["encoder"], batch, backward)
         for name, engine in trained.items():
             self.engine_metrics.step(name, engine, log)
         self.metrics.record(spec.label, out, draw, batch)

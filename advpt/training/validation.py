@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from advpt.data.collate import Batch
-from advpt.training.objective import masked_lm
+from advpt.methods.shared import masked_lm
 
 
 def validate(encoder: nn.Module, batches: Iterable[Batch], device: torch.device) -> dict[str, Any]:

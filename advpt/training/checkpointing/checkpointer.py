@@ -6,10 +6,10 @@ position: the job's global count of micro-batches), the schedule's phase, the ba
 rank's RNG, and the settings the run trains with (``TrainConfig.training_settings``) with the
 history of their changes. ``advpt.training.checkpointing.store`` writes and validates the files; the
 checkpointer decides when a save is due and restores every part, checkpoints of older formats
-included (``migrate``). Its ``identity`` (``store.model_identity``) is what the manifest records as
-the model, and what a resumed run must match. A resumed run keeps the recorded training settings
-too, unless it allows changes: then each change is added to the history with the step it took effect
-at.
+included (``migrate``). Its ``identity`` (``run_checkpoints.model_identity``) is what the
+manifest records as the model, and what a resumed run must match. A resumed run keeps the recorded
+training settings too, unless it allows changes: then each change is added to the history with the
+step it took effect at.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 from advpt.errors import CheckpointError
+from advpt.methods.base import Schedule
+from advpt.run_checkpoints import checkpoint_tag
 from advpt.training.checkpointing import store
 from advpt.training.checkpointing.migrate import migrate
 from advpt.training.counters import Counters
 from advpt.training.engines.batch_layout import BatchLayout
 from advpt.training.plan import RunPlan
-from advpt.training.schedule import Schedule
 
 SettingChange = dict[str, Any]  # {"step", "encoder_step", "changed": {flag: [before, after]}}
 
@@ -66,7 +67,7 @@ class Checkpointer:
             "settings": self.settings,
             "setting_changes": self.changes,
         }
-        tag = store.checkpoint_tag(counters.step)
+        tag = checkpoint_tag(counters.step)
         store.save_checkpoint(self.root, tag, self.engines, state, self.keep, self.identity)
 
     def restore(

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from advpt.training.schedule import JOINT
+from advpt.methods.base import JOINT
+from advpt.methods.registry import builtin_name
+
+# The settings that name the built-in method, and their values before each was a setting.
+BUILTIN_DEFAULTS = (("mode", "adversarial"), ("schedule", "alternating"), ("estimator", "mixed"))
 
 
 def migrate(state: dict[str, Any], saved_world_size: int) -> dict[str, Any]:
@@ -20,6 +24,8 @@ def migrate(state: dict[str, Any], saved_world_size: int) -> dict[str, Any]:
       unchecked: ``BatchLayout.resumed``.)
     - Before ``--joint_every``, the simultaneous schedule saved ``{"phase": "joint"}`` alone,
       and every step was joint.
+    - Before ``--masking_method``, every run trained the built-in method its ``--mode``,
+      ``--schedule`` and ``--estimator`` name: its settings record that one.
     - Counts a state lacks start at 0 (``Counters``), and a state without ``settings``
       resumes with any (``Checkpointer``).
     """
@@ -31,4 +37,8 @@ def migrate(state: dict[str, Any], saved_world_size: int) -> dict[str, Any]:
     schedule = state["schedule"]
     if schedule.get("phase") == JOINT and "schedule" not in schedule:
         state["schedule"] = {**schedule, "schedule": "simultaneous", "steps": 0}
+    settings = state.get("settings")
+    if settings is not None and "masking_method" not in settings:
+        named = [settings.get(key, default) for key, default in BUILTIN_DEFAULTS]
+        state["settings"] = {**settings, "masking_method": builtin_name(*named)}
     return state

@@ -5,7 +5,7 @@ What is compiled is each model's ``forward`` (``compiled_part`` says whose), not
 * The masked LM (encoder and MLM head). Compiling its ``forward`` in place makes every way it is
   called run compiled: the engine's forward (encoder and random phases), the plain
   ``engine.module(...)`` call of the frozen encoder in the noiser phase
-  (``advpt.training.phases`` says why it is called so) and validation. DeepSpeed's own
+  (``advpt.methods.shared`` says why it is called so) and validation. DeepSpeed's own
   ``engine.compile()`` (0.19.8) compiles the module's whole call instead, which includes the
   forward hooks the engine puts on its module (its timers call ``time.time()``): each call would
   break the graph there. Here those hooks stay eager, outside the compiled code.

@@ -25,10 +25,10 @@ from advpt.data.collate import Batch
 from advpt.errors import cannot_write
 from advpt.masking.adversarial import OPTION_KEEP, OPTION_MASK, num_options
 from advpt.masking.importance import effective_sample_share
+from advpt.methods.shared import Draw
 from advpt.models.encoder import MLMOutput
 from advpt.tokenizer import Vocabulary
 from advpt.training.engines.engine import current_lr
-from advpt.training.objective import Draw
 from advpt.training.reporting.trackers import Tracker, open_trackers
 from advpt.training.run_dir import RunDir
 

@@ -25,7 +25,7 @@ class Run:
     """One run's logged rows, split into training windows and validation passes."""
 
     path: Path
-    mode: str  # adversarial | random | unknown (no config.json)
+    mode: str  # adversarial | random | its --masking_method | unknown (no config.json)
     rows: list[dict[str, Any]]  # every row, in file order, with "wall_s" where timestamped
     jobs: int  # jobs that wrote the rows (a resumed run has several)
     skipped: list[str]  # what was left out of metrics.jsonl and config.json, and why
@@ -50,9 +50,9 @@ class Run:
 
     @property
     def has_noiser(self) -> bool:
-        """Whether a noiser masks in this run: its mode says so, or where the mode is unknown,
-        its training rows carry a noiser's numbers."""
-        if self.mode != "unknown":
+        """Whether a noiser (or another method's draw) masks in this run: its mode says so, or
+        where the mode is unknown or a --masking_method, its training rows carry its numbers."""
+        if self.mode in ("adversarial", "random"):
             return self.mode == "adversarial"
         return any(key in row for row in self.train for key in _NOISER_KEYS)
 
@@ -207,6 +207,8 @@ def _mode(config: Path) -> tuple[str, list[str]]:
         # runs written before the method section kept the mode under run
         method = sections.get("method", sections.get("run")) if isinstance(sections, dict) else None
         mode = method.get("mode") if isinstance(method, dict) else None
+        if isinstance(method, dict) and isinstance(method.get("masking_method"), str):
+            mode = method["masking_method"] or mode  # a method it names replaces the mode
         if isinstance(mode, str):
             return mode, []
         why = "names no mode"
