@@ -1,5 +1,6 @@
-"""``python -m advpt.build_extensions``: build the C++ ops this machine's runs use, once, into
-this environment's own extensions folder (``advpt.native_builds``).
+"""``advpt build-extensions`` (or ``python -m advpt.build_extensions``): build the C++ ops this
+machine's runs use, once, into this environment's own extensions folder
+(``advpt.native_builds``).
 
 On a machine without a GPU that is DeepSpeed's shared-memory collectives op, which every run
 needs to join its process group (about a minute on 2 cores); on a CUDA machine, advpt's fused
@@ -11,17 +12,16 @@ finds the ops built and only loads them.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from advpt.command import DEBUG_HELP, command
+from advpt.command import command
+from advpt.config.cli import parse
+from advpt.config.tools import BuildExtensionsConfig
 
 
 @command
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m advpt.build_extensions", description=__doc__)
-    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
-    parser.parse_args(argv)
+    parse(BuildExtensionsConfig, argv, "advpt build-extensions")  # --help, --debug
 
     import torch
 

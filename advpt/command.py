@@ -20,7 +20,6 @@ error too. Rank 0 alone prints (:func:`rank`), unless the error was met by one r
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import functools
@@ -74,24 +73,6 @@ def rank() -> int:
 
 DEBUG_HELP = "on an error, show its traceback, not only its one sentence"
 """The ``--help`` line of ``--debug``, which every command takes (:func:`debug_requested`)."""
-
-
-def at_least(least: int) -> Callable[[str], int]:
-    """An argparse ``type``: a whole number from ``least``, else argparse's one sentence naming
-    the flag (``argument --steps: must be at least 1, not 0``) and exit code 2, before any
-    work."""
-
-    def whole_number(text: str) -> int:
-        value = int(text)
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least}, not {value}")
-        return value
-
-    return whole_number
-
-
-positive = at_least(1)
-non_negative = at_least(0)
 
 
 def debug_requested(argv: list[str] | None) -> bool:

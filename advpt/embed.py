@@ -1,4 +1,5 @@
-"""Sequence embeddings: ``python -m advpt.embed MODEL INPUT --out EMB.npz``.
+"""Sequence embeddings: ``advpt embed MODEL INPUT --out EMB.npz`` (or ``python -m advpt.embed
+...``; its settings: ``EmbedConfig``).
 
 ``MODEL`` is any directory advpt loads (an advpt run directory or export, a transformers ESM-2
 directory, a TAPE ``save_pretrained`` directory). ``INPUT`` is FASTA (plain or ``.gz``), any
@@ -26,7 +27,6 @@ record longer than the model's positions (1,024 residues for ESM-2) is an error 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import secrets
@@ -41,6 +41,8 @@ import torch
 from tqdm import tqdm
 
 from advpt.command import command, stopping_on_signals
+from advpt.config.cli import parse
+from advpt.config.tools import EmbedConfig
 from advpt.data.cache import open_data
 from advpt.data.residue_store import ProteinDataset
 from advpt.errors import (
@@ -50,7 +52,6 @@ from advpt.errors import (
 )
 from advpt.inference import (
     SPECIAL_TOKENS,
-    add_run_flags,
     layer_states,
     length_batches,
     load_for_inference,
@@ -179,58 +180,20 @@ def npz_output(out: Path) -> Iterator[NpzParts]:
         raise cannot_write(err, out) from err
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m advpt.embed",
-        description="Embed protein sequences with a pre-trained encoder (an .npz of arrays).",
-    )
-    parser.add_argument(
-        "model", help="advpt run directory or export, transformers ESM-2 or TAPE directory"
-    )
-    parser.add_argument(
-        "input", help="FASTA (or .gz), TAPE LMDB/JSON, Parquet, or a prepared dataset"
-    )
-    parser.add_argument("--out", required=True, help=".npz file to write")
-    parser.add_argument(
-        "--per_residue",
-        action="store_true",
-        help="also write every residue's hidden states (per_residue, offsets)",
-    )
-    parser.add_argument(
-        "--layers",
-        type=int,
-        nargs="+",
-        default=[],
-        metavar="LAYER",
-        help="also write these layers (0: the embeddings; -1: the last, always written)",
-    )
-    parser.add_argument(
-        "--unknown_to_unk",
-        action="store_true",
-        help="read characters outside the alphabet as <unk> instead of stopping with an error",
-    )
-    parser.add_argument(
-        "--data_cache",
-        default="",
-        help="where raw inputs are prepared (default: $ADVPT_DATA_CACHE, else ~/.cache/advpt/data)",
-    )
-    add_run_flags(parser)
-    return parser
-
-
 @command
 def main(argv: list[str] | None = None) -> int:
     """Exit code 0, 2 with one sentence naming the bad input, or 75 when stopped by SIGTERM or
     SIGUSR1 (130: SIGINT), leaving nothing half-written in --out or the data cache."""
-    args = build_parser().parse_args(argv)
-    out = Path(args.out)
+    config = parse(EmbedConfig, argv, "advpt embed")
+    out = Path(config.out)
     with stopping_on_signals(interrupt_stops=False):
-        device = start_run(args)
-        dataset = open_data(args.input, args.data_cache, args.unknown_to_unk)
-        encoder = encoder_of(load_for_inference(args.model, device))
-        layers = resolve_layers(args.layers, encoder.cfg.num_layers)
+        device = start_run(out, config.inference)
+        dataset = open_data(config.input, config.data_cache, config.unknown_to_unk)
+        encoder = encoder_of(load_for_inference(config.model, device))
+        layers = resolve_layers(config.layers, encoder.cfg.num_layers)
+        tokens = config.inference.tokens_per_batch
         with npz_output(out) as parts:
-            embed_dataset(encoder, dataset, parts, layers, args.per_residue, args.tokens_per_batch)
+            embed_dataset(encoder, dataset, parts, layers, config.per_residue, tokens)
     width = encoder.cfg.hidden_size
     print(f"embedded {len(dataset):,} sequences ({width} dimensions) to {out}")
     return 0

@@ -88,7 +88,7 @@ def check_results_out(config: EvaluateConfig) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """Exit code 0, 2 with one sentence naming the bad input, 75 when stopped (no results
     written)."""
-    config = parse(EvaluateConfig, argv)
+    config = parse(EvaluateConfig, argv, "advpt evaluate")
     out = check_results_out(config)
     start = time.perf_counter()
     gym = None

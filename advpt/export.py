@@ -1,4 +1,5 @@
-"""Export a pre-trained model: ``python -m advpt.export SOURCE OUT_DIR [--format advpt|tape|hf]``.
+"""Export a pre-trained model: ``advpt export SOURCE OUT_DIR [--format advpt|tape|hf]`` (or
+``python -m advpt.export ...``; its settings: ``ExportConfig``).
 
 ``SOURCE`` is an advpt run directory (its newest complete checkpoint, any ZeRO stage, fp32), an
 earlier export, a Hugging Face ESM-2 directory or a TAPE ``save_pretrained`` directory.
@@ -24,7 +25,6 @@ The files are written to a temporary directory beside ``OUT_DIR`` and moved in w
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -32,14 +32,16 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from advpt.command import DEBUG_HELP, command
+from advpt.command import command
+from advpt.config.cli import parse
+from advpt.config.tools import ExportConfig, ExportFormat
 from advpt.errors import WRITE_ERRORS, CheckpointError, OutputError, cannot_write
 from advpt.models.encoder import Encoder, MaskedLanguageModel
 from advpt.models.exports import save_export
 from advpt.models.hf_esm import save_hf_esm
 from advpt.models.tape import save_tape
 from advpt.models.weights import CONFIG_FILE, encoder_of
-from advpt.training.checkpointing.consolidate import load_model
+from advpt.pretrained import load_model
 
 Model = MaskedLanguageModel | Encoder
 
@@ -50,14 +52,14 @@ def _write_hf(model: Model, out_dir: Path) -> None:
     save_hf_esm(model, out_dir)
 
 
-WRITERS: dict[str, Callable[[Model, Path], None]] = {
+WRITERS: dict[ExportFormat, Callable[[Model, Path], None]] = {
     "advpt": save_export,
     "tape": lambda model, out_dir: save_tape(encoder_of(model), out_dir),
     "hf": _write_hf,
 }
 
 
-def write_export(model: Model, out_dir: Path, fmt: str) -> None:
+def write_export(model: Model, out_dir: Path, fmt: ExportFormat) -> None:
     """Write ``model`` in format ``fmt`` to ``out_dir``: complete, 0644, ``config.json`` last."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -75,27 +77,20 @@ def write_export(model: Model, out_dir: Path, fmt: str) -> None:
 @command
 def main(argv: list[str] | None = None) -> int:
     """Exit code 0, or 2 with one sentence: a source it cannot read, an output it cannot write."""
-    parser = argparse.ArgumentParser(description="Export a pre-trained advpt, ESM-2 or TAPE model.")
-    parser.add_argument(
-        "source", help="advpt run directory or export, Hugging Face ESM-2 or TAPE directory"
-    )
-    parser.add_argument("out_dir", help="directory to write (must not hold a model yet)")
-    parser.add_argument("--format", choices=sorted(WRITERS), default="advpt")
-    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
-    args = parser.parse_args(argv)
-    out_dir = Path(args.out_dir)
+    config = parse(ExportConfig, argv, "advpt export")
+    out_dir = Path(config.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputError(f"{out_dir} is a file, not a directory; choose another OUT_DIR")
     if (out_dir / CONFIG_FILE).exists():
         raise OutputError(f"{out_dir} already holds {CONFIG_FILE}; choose another OUT_DIR")
-    model = load_model(args.source)
+    model = load_model(config.source)
     try:
-        write_export(model, out_dir, args.format)
+        write_export(model, out_dir, config.format)
     except WRITE_ERRORS as err:
         raise cannot_write(err, out_dir) from err
     size = sum(p.numel() for p in model.parameters())
     what = "masked LM" if isinstance(model, MaskedLanguageModel) else "encoder"
-    print(f"wrote the {args.format} {what} ({size:,} parameters) to {out_dir}")
+    print(f"wrote the {config.format} {what} ({size:,} parameters) to {out_dir}")
     return 0
 
 

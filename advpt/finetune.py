@@ -49,6 +49,7 @@ from advpt.errors import WRITE_ERRORS, ConfigError, cannot_write  # noqa: E402
 from advpt.models import ENCODER_PRESETS, Encoder, MaskedLanguageModel  # noqa: E402
 from advpt.models.finetuned import save_task_model  # noqa: E402
 from advpt.models.heads import HeadConfig, TaskModel  # noqa: E402
+from advpt.pretrained import load_encoder  # noqa: E402
 from advpt.tasks import (  # noqa: E402
     IGNORE_LABEL,
     PER_RESIDUE,
@@ -59,7 +60,6 @@ from advpt.tasks import (  # noqa: E402
     score,
     task_spec,
 )
-from advpt.training.checkpointing.consolidate import load_encoder  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
 from advpt.training.engines.engine import build_engine, current_lr  # noqa: E402
 from advpt.training.plan import FINETUNE, FinetunePlan  # noqa: E402
@@ -300,7 +300,7 @@ def _summary(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Exit code 0, or 2 with one sentence naming the input, setting or file that failed."""
     with RunDirLock() as lock:
-        config = parse(FinetuneConfig, argv)
+        config = parse(FinetuneConfig, argv, "advpt finetune")
         run_dir = FinetunePlan.run_dir_of(config)
         check = functools.partial(check_run_dir, occupied=_holds_results)
         check(run_dir)  # before anything is built, then under the lock

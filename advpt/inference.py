@@ -11,47 +11,29 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from advpt.command import DEBUG_HELP
+from advpt.config.tools import InferenceSettings
 from advpt.data.batching import budget_cuts
 from advpt.environment import pick_device
 from advpt.errors import CheckpointError, ConfigError
 from advpt.models.encoder import Encoder, MaskedLanguageModel
 from advpt.models.weights import encoder_of
 from advpt.outputs import refuse_existing
-from advpt.training.checkpointing.consolidate import load_model
+from advpt.pretrained import load_model
 
 SPECIAL_TOKENS = 2  # <cls> before a sequence's residues and <eos> (TAPE's <sep>) after them
 
-DEVICE_HELP = "where the model runs: auto (a GPU if there is one), cpu, cuda, cuda:1, ..."
-TOKENS_PER_BATCH_HELP = (
-    "tokens per forward pass (sequences are padded to the longest in their batch); more is "
-    "faster where memory allows"
-)
-OVERWRITE_HELP = "replace --out if it exists (otherwise an existing file is an error)"
 
-
-def add_run_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags ``score`` and ``embed`` share: where to run, batch size, --overwrite, --debug."""
-    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
-    parser.add_argument("--tokens_per_batch", type=int, default=8192, help=TOKENS_PER_BATCH_HELP)
-    parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
-    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
-
-
-def start_run(args: argparse.Namespace) -> torch.device:
-    """Check the shared flags before any work (``--out`` is not overwritten unless asked) and
-    return the device to run on."""
-    refuse_existing(Path(args.out), args.overwrite)
-    if args.tokens_per_batch < 1:
-        raise ConfigError("--tokens_per_batch must be positive")
-    return pick_device(args.device)
+def start_run(out: Path, settings: InferenceSettings) -> torch.device:
+    """Check the settings ``score`` and ``embed`` share before any work (``out`` is not
+    overwritten unless asked) and return the device to run on."""
+    refuse_existing(out, settings.overwrite)
+    return pick_device(settings.device)
 
 
 def load_for_inference(

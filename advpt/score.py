@@ -1,5 +1,5 @@
-"""Zero-shot variant-effect scores: ``python -m advpt.score MODEL --sequence WT --mutations
-FILE.csv --out SCORES.csv``.
+"""Zero-shot variant-effect scores: ``advpt score MODEL --sequence WT --mutations FILE.csv
+--out SCORES.csv`` (or ``python -m advpt.score ...``; its settings: ``ScoreConfig``).
 
 ``MODEL`` is any directory advpt loads with its masked-LM head: an advpt run directory or
 export, a transformers ``EsmForMaskedLM`` or TAPE ``ProteinBertForMaskedLM`` directory.
@@ -26,7 +26,6 @@ an error: cut it to the region the variants cover and renumber them. If the CSV 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import math
 import sys
@@ -38,6 +37,8 @@ import torch
 import torch.nn.functional as F
 
 from advpt.command import command, stopping_on_signals
+from advpt.config.cli import parse
+from advpt.config.tools import METHODS, ScoreConfig
 from advpt.correlation import spearman
 from advpt.errors import (
     ConfigError,
@@ -46,12 +47,7 @@ from advpt.errors import (
     first_line,
     shorten,
 )
-from advpt.inference import (
-    add_run_flags,
-    load_for_inference,
-    max_residues,
-    start_run,
-)
+from advpt.inference import load_for_inference, max_residues, start_run
 from advpt.models.encoder import MaskedLanguageModel
 from advpt.outputs import atomic_output
 from advpt.tokenizer import IUPAC_LETTERS
@@ -166,9 +162,6 @@ def score_variants(
     return scores
 
 
-METHODS = ("masked-marginal", "wt-marginal")
-
-
 def measured(table: VariantTable, path: Path) -> np.ndarray | None:
     """The ``DMS_score`` column as float64 ``[n]`` (NaN where empty), or None without one."""
     if MEASURED_COLUMN not in table.columns:
@@ -201,49 +194,22 @@ def write_scores(table: VariantTable, scores: np.ndarray, out: Path) -> None:
         raise cannot_write(err, out) from err
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m advpt.score",
-        description="Score variants of a protein by a masked language model's log-odds.",
-    )
-    parser.add_argument(
-        "model",
-        help="advpt run directory or export, transformers EsmForMaskedLM or TAPE "
-        "ProteinBertForMaskedLM directory",
-    )
-    parser.add_argument("--sequence", required=True, help="the wild-type amino-acid sequence")
-    parser.add_argument(
-        "--mutations",
-        required=True,
-        help="CSV with a 'mutant' column (A24G, 1-based; multi-mutants A24G:K30R)",
-    )
-    parser.add_argument("--out", required=True, help="CSV to write: the rows with a 'score' column")
-    parser.add_argument(
-        "--method",
-        choices=METHODS,
-        default="masked-marginal",
-        help="masked-marginal masks each mutated site in turn; wt-marginal reads the unmasked "
-        "wild type once [default: masked-marginal]",
-    )
-    add_run_flags(parser)
-    return parser
-
-
 @command
 def main(argv: list[str] | None = None) -> int:
     """Exit code 0, 2 with one sentence naming the bad input, or 75 when stopped by SIGTERM or
     SIGUSR1 (130: SIGINT), leaving nothing half-written in --out."""
-    args = build_parser().parse_args(argv)
-    out, mutations = Path(args.out), Path(args.mutations)
+    config = parse(ScoreConfig, argv, "advpt score")
+    out, mutations = Path(config.out), Path(config.mutations)
     with stopping_on_signals(interrupt_stops=False):
-        device = start_run(args)
-        sequence = check_sequence(args.sequence)
+        device = start_run(out, config.inference)
+        sequence = check_sequence(config.sequence)
         table = read_variants(mutations, sequence)
         dms = measured(table, mutations)
-        model = load_for_inference(args.model, device, need_head=True)
-        scores = score_variants(model, sequence, table.variants, args.method, args.tokens_per_batch)
+        model = load_for_inference(config.model, device, need_head=True)
+        tokens = config.inference.tokens_per_batch
+        scores = score_variants(model, sequence, table.variants, config.method, tokens)
         write_scores(table, scores, out)
-    print(f"scored {len(scores):,} variants ({args.method}) to {out}")
+    print(f"scored {len(scores):,} variants ({config.method}) to {out}")
     if dms is not None:
         print(f"Spearman's rho against {MEASURED_COLUMN}: {spearman(scores, dms):.4f}")
     return 0

@@ -21,8 +21,8 @@ from advpt.config.cli import parse  # noqa: E402
 from advpt.config.pretrain import TrainConfig  # noqa: E402
 from advpt.data.unigram import residue_counts, unigram_entropy  # noqa: E402
 from advpt.errors import EXIT_STOPPED, OutputError, ReportError  # noqa: E402
+from advpt.run_checkpoints import checkpoint_tag  # noqa: E402
 from advpt.training.build import build_trainer  # noqa: E402
-from advpt.training.checkpointing.store import checkpoint_tag  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
 from advpt.training.plan import RunPlan  # noqa: E402
 from advpt.training.preemption import StopSignals  # noqa: E402
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     limit (--max_time, SLURM_JOB_END_TIME), after saving a checkpoint.
     """
     with StopSignals() as stop_signals, RunDirLock() as lock:
-        config = parse(TrainConfig, argv)
+        config = parse(TrainConfig, argv, "advpt train")
         check = functools.partial(_check_run_dir, resume=config.run.resume)
         check(RunPlan.run_dir_of(config))  # before anything is built, then under the lock
         own_group = not dist.is_initialized()  # a caller's process group is left to the caller

@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from advpt.command import DEBUG_HELP, command, positive
+from advpt.command import DEBUG_HELP, command
+from advpt.config.cli import positive
 from advpt.environment import describe, environment
 from advpt.evaluate import main as evaluate
 from advpt.markdown import table

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from advpt.command import DEBUG_HELP, command, positive
+from advpt.command import DEBUG_HELP, command
+from advpt.config.cli import positive
 from advpt.data.sampling import sample_at_most
 from advpt.downstream.dms import SCANS, apply, read_scan
 from advpt.errors import WRITE_ERRORS, cannot_write

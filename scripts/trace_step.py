@@ -39,8 +39,8 @@ import torch  # noqa: E402
 from torch.autograd import DeviceType  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
-from advpt.command import DEBUG_HELP, command, non_negative, positive  # noqa: E402
-from advpt.config.cli import parse  # noqa: E402
+from advpt.command import DEBUG_HELP, command  # noqa: E402
+from advpt.config.cli import non_negative, parse, positive  # noqa: E402
 from advpt.config.pretrain import TrainConfig  # noqa: E402
 from advpt.data.stream import stream_loader  # noqa: E402
 from advpt.errors import ConfigError, cannot_write  # noqa: E402

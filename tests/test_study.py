@@ -142,7 +142,7 @@ def test_equal_compute_charges_warmup_steps_as_random_ones():
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--seeds", "-1"], "--seeds: must be at least 1"),
+        (["--seeds", "-1"], "--seeds must be at least 1, not -1"),
         (["--report_only"], "does not exist; run the study first"),
         (["--costs", "missing.json"], "--costs missing.json cannot be read"),
         (["--out", "pyproject.toml"], "--out pyproject.toml is a file"),

@@ -146,8 +146,7 @@ def test_a_folder_under_a_file_is_refused_before_anything(tmp_path, flag):
     done = _study(run_module, "--quick", "--report_only",
                   *(str(part) for pair in folders.items() for part in pair))  # fmt: skip
     assert _refused(done) == (
-        f"python -m advpt.study: error: {flag} {under} cannot be made: {under.parent} is a file; "
-        "name a folder"
+        f"advpt: error: {flag} {under} cannot be made: {under.parent} is a file; name a folder"
     )
     assert not (tmp_path / "report").exists()
 

@@ -1,11 +1,15 @@
-"""The command line and run files of a settings root (``TrainConfig``, ``FinetuneConfig``).
+"""The command line and run files of a settings root (``TrainConfig``, ``ScoreConfig``, ...).
 
 A root holds sections (``advpt.config.section``) and settings of its own. Each field is a flag of
-the same name (``--max_length 256``) whose ``--help`` text is the docstring under the field; a
-JSON or YAML run file given with ``--config`` may set the same names, flat or grouped by section
-(``masking: {random_rate: 0.1}``); flags win over the file. :func:`parse` gives the root's
-defaults, then the file's values, then the flags', each checked against its declared type, and
-then the root validated as a whole.
+the same name (``--max_length 256``; a list field takes one or more values, ``--layers 0 3``)
+whose ``--help`` text is the docstring under the field, but for the fields the root names in its
+``POSITIONALS``, which are positional arguments in that order (``MODEL``; a list field one or
+more, ``RUN_DIR [RUN_DIR ...]``); a JSON or YAML run file given with ``--config`` may set the
+same names, flat or grouped by section (``masking: {random_rate: 0.1}``); flags win over the file.
+:func:`parse` gives the root's defaults, then the file's values, then the flags', each checked
+against its declared type, and then the root validated as a whole. Every argparse parser of
+advpt's commands is built here; the scripts' parsers take :data:`positive` and
+:data:`non_negative` numbers.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import argparse
 import inspect
 import json
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
@@ -68,17 +73,56 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def _flag_kwargs(setting: _Setting) -> dict[str, Any]:
-    """argparse arguments of one setting; values stay unset (None) unless given."""
+def _whole_number_from(least: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number from ``least``, else argparse's one sentence naming
+    the flag (``argument --steps: must be at least 1, not 0``) and exit code 2, before any
+    work."""
+
+    def whole_number(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, not {value}")
+        return value
+
+    return whole_number
+
+
+positive = _whole_number_from(1)
+"""The ``type`` of a script's flag that takes a whole number from 1."""
+non_negative = _whole_number_from(0)
+"""The ``type`` of a script's flag that takes a whole number from 0."""
+
+
+def _value_kwargs(kind: Any) -> dict[str, Any]:
+    """How argparse reads one value of the declared ``kind``."""
+    if kind is bool:
+        return {"type": _parse_bool, "metavar": "BOOL"}
+    if get_origin(kind) is Literal:  # checked by `checked`, so the message is the run file's
+        return {"metavar": "{" + ",".join(get_args(kind)) + "}"}
+    return {"type": kind}
+
+
+def _flag_kwargs(setting: _Setting, required: bool) -> dict[str, Any]:
+    """argparse arguments of one setting; values stay unset (None) unless given. A ``required``
+    one may come from a run file too, so its absence is the root's to refuse."""
     kind, _ = unwrap_optional(setting.kind)
     default = "unset" if setting.default is None else setting.default
-    text = f"{setting.help} [default: {default}]".replace("%", "%%")  # argparse %-formats help
+    said = "required" if required else f"default: {default}"
+    text = f"{setting.help} [{said}]".replace("%", "%%")  # argparse %-formats help
     kwargs: dict[str, Any] = {"default": None, "help": text}
     if kind is bool:  # a bare --flag means true
-        return kwargs | {"type": _parse_bool, "nargs": "?", "const": True, "metavar": "BOOL"}
-    if get_origin(kind) is Literal:  # checked by `checked`, so the message is the run file's
-        return kwargs | {"metavar": "{" + ",".join(get_args(kind)) + "}"}
-    return kwargs | {"type": kind}
+        return kwargs | _value_kwargs(bool) | {"nargs": "?", "const": True}
+    if get_origin(kind) is list:  # one or more values
+        return kwargs | _value_kwargs(get_args(kind)[0]) | {"nargs": "+"}
+    return kwargs | _value_kwargs(kind)
+
+
+def _positional_kwargs(setting: _Setting) -> dict[str, Any]:
+    """argparse arguments of a positional setting: one value, or one or more for a list."""
+    many = get_origin(setting.kind) is list
+    value = _value_kwargs(get_args(setting.kind)[0] if many else setting.kind)
+    text = setting.help.replace("%", "%%")
+    return value | {"nargs": "+" if many else None, "metavar": setting.name.upper(), "help": text}
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -102,22 +146,25 @@ class _PrintDsConfig(argparse.Action):
         parser.exit()
 
 
-def build_parser(root: type) -> argparse.ArgumentParser:
-    """A parser with one flag per setting of ``root``, grouped by section, help from the docs."""
+def build_parser(root: type, prog: str | None = None) -> argparse.ArgumentParser:
+    """A parser with one flag per setting of ``root``, grouped by section, help from the docs;
+    ``prog`` names the command in its usage (``advpt score``)."""
     parser = argparse.ArgumentParser(
-        description=inspect.getdoc(root), formatter_class=_HelpFormatter
+        prog=prog, description=inspect.getdoc(root), formatter_class=_HelpFormatter
     )
+    settings = _settings(root)
     parser.add_argument("--config", help="JSON or YAML run file of these settings (flags win)")
     parser.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
-    parser.add_argument(
-        "--print_ds_config",
-        action=_PrintDsConfig,
-        default=argparse.SUPPRESS,
-        metavar="ROLE/NAME",
-        help="print a DeepSpeed JSON shipped with advpt, to copy and edit, and exit: "
-        + ", ".join(ds_configs.specs()),
-    )
+    if "deepspeed_config" in settings:  # the commands that run DeepSpeed engines
+        parser.add_argument(
+            "--print_ds_config",
+            action=_PrintDsConfig,
+            default=argparse.SUPPRESS,
+            metavar="ROLE/NAME",
+            help="print a DeepSpeed JSON shipped with advpt, to copy and edit, and exit: "
+            + ", ".join(ds_configs.specs()),
+        )
     named = getattr(root, "NAMED_SETTINGS", {})
     if named:
         parser.add_argument(
@@ -126,19 +173,20 @@ def build_parser(root: type) -> argparse.ArgumentParser:
             help="start from a named setting (advpt.variants; recommended is the one "
             "docs/study.md's evidence picks): its flags, which a run file and flags override",
         )
+    positionals = getattr(root, "POSITIONALS", ())
+    for name in positionals:
+        parser.add_argument(name, **_positional_kwargs(settings[name]))
     groups: dict[str, Any] = {"": parser}
-    for setting in _settings(root).values():
+    for setting in settings.values():
+        if setting.name in positionals:
+            continue
+        owner = field_types(root)[setting.section] if setting.section else root
         if setting.section not in groups:
-            section = field_types(root)[setting.section]
             groups[setting.section] = parser.add_argument_group(
-                f"{setting.section} settings", inspect.getdoc(section)
+                f"{setting.section} settings", inspect.getdoc(owner)
             )
-        if setting.name == getattr(root, "POSITIONAL", None):  # a list[str] the root names
-            parser.add_argument(
-                setting.name, nargs="+", metavar=setting.name.upper(), help=setting.help
-            )
-        else:
-            groups[setting.section].add_argument(f"--{setting.name}", **_flag_kwargs(setting))
+        required = setting.name in owner.REQUIRED
+        groups[setting.section].add_argument(f"--{setting.name}", **_flag_kwargs(setting, required))
     return parser
 
 
@@ -191,9 +239,10 @@ def _apply(config: Any, values: dict[str, Any], source: str) -> None:
         setattr(owner, name, checked(name, value, setting.kind, source))
 
 
-def parse(root: type[Root], argv: list[str] | None = None) -> Root:
-    """Defaults of ``root``, then the run file, then the flags; validated."""
-    parser = build_parser(root)
+def parse(root: type[Root], argv: list[str] | None = None, prog: str | None = None) -> Root:
+    """Defaults of ``root``, then the run file, then the flags; validated. ``prog``: as
+    :func:`build_parser`'s."""
+    parser = build_parser(root, prog)
     args = parser.parse_args(argv)
     config = root()
     if getattr(args, "setting", None):

@@ -1,11 +1,12 @@
-"""The settings of the downstream suite (``python -m advpt.evaluate``)."""
+"""The settings of the downstream suite (``advpt evaluate``) and of preparing its data
+(``advpt prepare-suite``), which share where the data is kept and read from (:class:`SuiteData`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from advpt.config.section import Section
+from advpt.config.section import Section, at_least
 
 SUITE_TASKS = ("secondary_structure", "zero_shot", "supervised", "stability", "localisation")
 """The suite's tasks, in the order they run and are reported (docs/evaluate.md)."""
@@ -14,12 +15,43 @@ Size = Literal["cpu", "full"]
 
 
 @dataclass
-class EvaluateConfig(Section):
+class SuiteData(Section):
+    """Where the suite's prepared data is kept, and the packages' files it is prepared from."""
+
+    cache: str = ""
+    """Where the prepared evaluation data is kept (by advpt prepare-suite, or advpt evaluate on
+    first use); empty is $ADVPT_EVAL_CACHE, else ~/.cache/advpt/downstream."""
+    structure_db: str = ""
+    """ProMod3's StructureDB file (structure_db.dat); empty is $ADVPT_STRUCTURE_DB, else where
+    Debian's promod3-data installs it (docs/evaluate.md: getting it without root)."""
+    swissprot: str = ""
+    """metastudent-data's folder of Swiss-Prot BLAST databases (dataset_201401); empty is
+    $ADVPT_SWISSPROT, else where Debian's metastudent-data installs it."""
+    scans: str = ""
+    """The folder of MAVE-NN's four scan files (*_data.csv.gz); empty is $ADVPT_SCANS, else
+    mavenn's own folder where it is installed (pip install --no-deps mavenn==1.1.4)."""
+
+
+@dataclass
+class PrepareSuiteConfig(SuiteData):
+    """Prepare the downstream suite's data from the installed packages, once, into the cache
+    that advpt evaluate reads (docs/evaluate.md)."""
+
+    limit: int | None = None
+    """Only the first LIMIT chains and proteins of each source: a quick look (tests); unset
+    prepares them all."""
+
+    def rules(self) -> list[tuple[bool, str]]:
+        return [at_least("limit", self.limit, 1)]
+
+
+@dataclass
+class EvaluateConfig(SuiteData):
     """Score frozen encoders downstream: secondary structure, zero-shot and supervised fitness,
     stability and localisation, each beside context-free baselines and a randomly initialised
     encoder of the same shape (docs/evaluate.md)."""
 
-    POSITIONAL: ClassVar[str] = "model"
+    POSITIONALS: ClassVar[tuple[str, ...]] = ("model",)
 
     model: list[str] = field(default_factory=list)
     """The models to score, side by side: advpt run directories or exports, transformers ESM-2
@@ -73,18 +105,6 @@ class EvaluateConfig(Section):
     the MLM head, after the last layer, whatever this says."""
     seed: int = 0
     """Seeds the samples of each task, the random encoders and the probes."""
-    cache: str = ""
-    """Where the prepared evaluation data is kept (python -m advpt.downstream.prepare_suite); empty
-    is $ADVPT_EVAL_CACHE, else ~/.cache/advpt/downstream."""
-    structure_db: str = ""
-    """ProMod3's StructureDB file (structure_db.dat); empty is $ADVPT_STRUCTURE_DB, else where
-    Debian's promod3-data installs it (docs/evaluate.md: getting it without root)."""
-    swissprot: str = ""
-    """metastudent-data's folder of Swiss-Prot BLAST databases (dataset_201401); empty is
-    $ADVPT_SWISSPROT, else where Debian's metastudent-data installs it."""
-    scans: str = ""
-    """The folder of MAVE-NN's four scan files (*_data.csv.gz); empty is $ADVPT_SCANS, else
-    mavenn's own folder where it is installed (pip install --no-deps mavenn==1.1.4)."""
     data_limit: int | None = None
     """Prepare and use only the first data_limit chains and proteins of each source (a quick
     look, tests); unset uses them all."""

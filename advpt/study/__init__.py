@@ -34,5 +34,6 @@ A command package: library code never imports it. Its modules, from the ground u
 ``arms`` and ``sizes`` (what is compared, at what size), ``results`` (what a study keeps and
 reads back), ``runs`` (training an arm), ``scoring`` (the held-out tasks), ``jobs`` (the work,
 ``--jobs`` processes at a time), ``summary`` (mean ± std over seeds, the differences to the best
-heuristic), ``plots`` and ``report`` (``study.md``), and ``__main__`` (the command).
+heuristic), ``plots`` and ``report`` (``study.md``), ``options`` (the command's settings) and
+``__main__`` (the command).
 """
