@@ -22,7 +22,7 @@ from advpt.config.pretrain import TrainConfig  # noqa: E402
 from advpt.data.unigram import residue_counts, unigram_entropy  # noqa: E402
 from advpt.errors import EXIT_STOPPED, OutputError, ReportError  # noqa: E402
 from advpt.run_checkpoints import checkpoint_tag  # noqa: E402
-from advpt.training.build import build_trainer  # noqa: E402
+from advpt.training.assembly import build_trainer  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
 from advpt.training.plan import RunPlan  # noqa: E402
 from advpt.training.preemption import StopSignals  # noqa: E402

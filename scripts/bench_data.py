@@ -244,7 +244,7 @@ def main() -> None:
 
         from advpt.config.cli import parse
         from advpt.config.pretrain import TrainConfig
-        from advpt.training.build import build_data
+        from advpt.training.assembly import build_data
 
         prepared = workdir / "prepared_1"
         opens = []

@@ -144,7 +144,7 @@ from advpt.methods.shared import masked_lm  # noqa: E402
 from advpt.models import ENCODER_PRESETS, NOISER_PRESETS, MaskedLanguageModel  # noqa: E402
 from advpt.models.encoder import check_max_length  # noqa: E402
 from advpt.outputs import write_atomically  # noqa: E402
-from advpt.training.build import build_trainer  # noqa: E402
+from advpt.training.assembly import build_trainer  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
 from advpt.training.engines.compilation import compile_forward  # noqa: E402
 from advpt.training.engines.engine import (  # noqa: E402

@@ -58,7 +58,7 @@ from advpt.models import (  # noqa: E402
 )
 from advpt.models.encoder import check_max_length  # noqa: E402
 from advpt.outputs import write_atomically  # noqa: E402
-from advpt.training.build import build_trainer  # noqa: E402
+from advpt.training.assembly import build_trainer  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
 from advpt.training.engines.engine import simple_ds_config  # noqa: E402
 from advpt.training.preemption import StopSignals  # noqa: E402

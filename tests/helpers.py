@@ -61,7 +61,7 @@ def build_tiny_trainer(tmp_path: Path, *extra_args: str, run_dir: Path | None = 
 
     from advpt.config.cli import parse
     from advpt.config.pretrain import TrainConfig
-    from advpt.training.build import build_trainer
+    from advpt.training.assembly import build_trainer
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     run_dir = run_dir or tmp_path / "run"
@@ -80,7 +80,7 @@ def build_with_noiser_json(tmp_path, noiser_settings: dict, *flags: str, **ds):
 
     from advpt.config.cli import parse
     from advpt.config.pretrain import TrainConfig
-    from advpt.training.build import build_trainer
+    from advpt.training.assembly import build_trainer
 
     args = tiny_run_args(tmp_path, tmp_path / "run", **ds)
     noiser_json = tmp_path / "noiser.json"

@@ -100,7 +100,7 @@ def _optimizer_state_resharded_onto_one_rank_equals_the_saved_one(tmp_path, run_
 
     from advpt.config.cli import parse
     from advpt.config.pretrain import TrainConfig
-    from advpt.training.build import build_trainer
+    from advpt.training.assembly import build_trainer
 
     args = _args(tmp_path, run_dir, stage=2)
     tag = (run_dir / "checkpoints" / "latest").read_text().strip()

@@ -22,7 +22,7 @@ from advpt.models import ENCODER_PRESETS, MaskedLanguageModel
 from advpt.models.encoder import Esm2Encoder
 from advpt.models.hf_esm import load_hf_esm, save_hf_esm
 from advpt.tokenizer import ESM, INVALID_ID, TAPE
-from advpt.training.build import init_source
+from advpt.training.assembly import init_source
 from advpt.training.plan import encoder_config
 from tests.helpers import REPO, child_env, save_tiny_esm
 

@@ -28,7 +28,7 @@ from advpt.models.tape import save_tape
 from advpt.pretrained import load_model
 from advpt.tokenizer import ESM
 from advpt.train import main as train_main
-from advpt.training.build import build_trainer
+from advpt.training.assembly import build_trainer
 from tests.helpers import read_metrics, save_tiny_esm, tiny_run_args
 from tests.test_finetune import finetune_args, write_task
 

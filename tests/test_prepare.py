@@ -27,7 +27,7 @@ from advpt.data.sampling import AllRecords
 from advpt.data.stream import MicroBatches
 from advpt.errors import DataError
 from advpt.tokenizer import ESM, TAPE
-from advpt.training.build import build_data
+from advpt.training.assembly import build_data
 from tests.test_data import tape_records, write_tape_lmdb
 
 LETTERS = np.array(list("ACDEFGHIKLMNPQRSTVWY"))

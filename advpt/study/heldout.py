@@ -21,7 +21,7 @@ from advpt.study.arms import BASELINE, JUDGE, JUDGE_SEED, SCORE_RATE
 from advpt.study.records import HARD, RANDOM, Score
 from advpt.study.runs import run_config
 from advpt.study.sizes import Size
-from advpt.training.build import build_data
+from advpt.training.assembly import build_data
 
 DRAW_SEED = 10_000  # crop windows, masks and judge draws of the final scores
 
@@ -42,7 +42,7 @@ class Task:
 def held_out_sample(config: TrainConfig) -> CroppedView:
     """The held-out records every encoder of ``config``'s seed is scored on.
 
-    The library's validation sample (``advpt.training.build.build_data``): a fixed, seeded
+    The library's validation sample (``advpt.training.assembly.build_data``): a fixed, seeded
     random sample of the held-out split that covers every length, here all of it
     (``--val_max_batches 0``), which the trainer's validation passes score too.
     """

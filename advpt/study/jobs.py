@@ -45,7 +45,7 @@ from advpt.study.runs import (
     write_deepspeed_jsons,
 )
 from advpt.study.sizes import Size
-from advpt.training.build import build_data, open_data
+from advpt.training.assembly import build_data, open_data
 from advpt.training.distributed import init_distributed
 from advpt.training.reporting.run_metrics import read_rows
 

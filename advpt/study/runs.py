@@ -24,7 +24,7 @@ from advpt.study.records import (
     read_training,
 )
 from advpt.study.sizes import Size
-from advpt.training.build import build_trainer, open_data
+from advpt.training.assembly import build_trainer, open_data
 from advpt.training.engines.engine import simple_ds_config
 from advpt.training.plan import encoder_config
 from advpt.training.trainer import Trainer
