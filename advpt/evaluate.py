@@ -36,11 +36,11 @@ from advpt.downstream.suite import (
     run_suite,
 )
 from advpt.environment import pick_device
-from advpt.errors import ConfigError, OutputError
+from advpt.errors import ConfigError
 from advpt.inference import load_for_inference, resolve_layers
 from advpt.models.encoder import MaskedLanguageModel
 from advpt.models.weights import encoder_of
-from advpt.outputs import check_writable
+from advpt.outputs import check_folder, check_writable, refuse_filled
 
 
 def subjects_of(config: EvaluateConfig, device: torch.device) -> list[Subject]:
@@ -75,11 +75,10 @@ def probe_layer(layer: int, num_layers: int, path: str) -> int:
 
 
 def check_results_out(config: EvaluateConfig) -> Path:
+    """``--out``, refused before any work where it cannot take the results."""
     out = Path(config.out)
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"--out {out} is a file; name a folder for the results")
-    if (out / "results.json").exists() and not config.overwrite:
-        raise OutputError(f"--out {out} already holds results.json; pass --overwrite to replace it")
+    check_folder(out, "--out")
+    refuse_filled(out, "results.json", "--out", config.overwrite)
     check_writable(out)
     return out
 

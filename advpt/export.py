@@ -35,12 +35,13 @@ from pathlib import Path
 from advpt.command import command
 from advpt.config.cli import parse
 from advpt.config.tools import ExportConfig, ExportFormat
-from advpt.errors import WRITE_ERRORS, CheckpointError, OutputError, cannot_write
+from advpt.errors import WRITE_ERRORS, CheckpointError, cannot_write
 from advpt.models.encoder import Encoder, MaskedLanguageModel
 from advpt.models.exports import save_export
 from advpt.models.hf_esm import save_hf_esm
 from advpt.models.tape import save_tape
 from advpt.models.weights import CONFIG_FILE, encoder_of
+from advpt.outputs import check_folder, refuse_filled
 from advpt.pretrained import load_model
 
 Model = MaskedLanguageModel | Encoder
@@ -79,10 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     """Exit code 0, or 2 with one sentence: a source it cannot read, an output it cannot write."""
     config = parse(ExportConfig, argv, "advpt export")
     out_dir = Path(config.out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise OutputError(f"{out_dir} is a file, not a directory; choose another OUT_DIR")
-    if (out_dir / CONFIG_FILE).exists():
-        raise OutputError(f"{out_dir} already holds {CONFIG_FILE}; choose another OUT_DIR")
+    check_folder(out_dir, "OUT_DIR")
+    refuse_filled(out_dir, CONFIG_FILE, "OUT_DIR")
     model = load_model(config.source)
     try:
         write_export(model, out_dir, config.format)

@@ -6,7 +6,12 @@ cannot be made is refused before any work.
   in when complete; :func:`write_together`: a set of them, moved in together;
   :func:`write_atomically`: a text file so;
 * :func:`refuse_existing`: an ``--out`` file that exists (or is a folder or a link);
+* :func:`check_folder`: an output folder that is a file, or would be made under one;
+* :func:`refuse_filled`: an output folder that holds a command's results already;
 * :func:`check_writable`: an ``--out`` folder in which no file can be made.
+
+Every command's output checks are these, so each refusal reads the same whichever command made it
+(a run directory's own, of what a run keeps there, are ``advpt.training.run_dir``'s).
 """
 
 from __future__ import annotations
@@ -105,15 +110,34 @@ def refuse_existing(path: Path, overwrite: bool) -> None:
         raise OutputError(f"--out {path} exists; pass --overwrite to replace it")
 
 
+def check_folder(folder: Path, flag: str) -> None:
+    """An ``OutputError`` for a folder a command is to write into that cannot be one: a file,
+    or a path under a file. ``flag`` names it in the sentence (``--out``, ``--run_dir``)."""
+    above = _nearest_existing(folder)
+    if not above.is_dir():
+        said = "is a file" if above == folder else f"cannot be made: {above} is a file"
+        raise OutputError(f"{flag} {folder} {said}, not a folder")
+
+
+def _nearest_existing(path: Path) -> Path:
+    """``path``, or where it does not exist its nearest parent that does."""
+    return next(p for p in (path, *path.absolute().parents) if p.exists())
+
+
+def refuse_filled(folder: Path, holds: str, flag: str, overwrite: bool | None = None) -> None:
+    """An ``OutputError`` if ``folder`` holds ``holds`` already (a command's results), unless
+    ``overwrite``; None where the command has no ``--overwrite`` (an export: another folder)."""
+    if (folder / holds).exists() and not overwrite:
+        fix = f"choose another {flag}" if overwrite is None else "pass --overwrite to replace it"
+        raise OutputError(f"{flag} {folder} already holds {holds}; {fix}")
+
+
 def check_writable(out: Path) -> None:
     """That a file can be made in ``out``, or where it does not exist yet in its nearest
     existing parent, which must be a folder: tried with a nameless temporary file, so nothing is
     left."""
-    base = out
-    while not base.exists() and base != base.parent:
-        base = base.parent
-    if not base.is_dir():
-        raise OutputError(f"--out {out} cannot be made: {base} is a file, not a folder")
+    check_folder(out, "--out")
+    base = _nearest_existing(out)
     try:
         with tempfile.TemporaryFile(dir=base):
             pass

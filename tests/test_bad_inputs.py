@@ -236,7 +236,7 @@ def test_output_path_that_is_a_file_is_one_sentence(tmp_path, capsys):
     source = _export_dir(tmp_path / "export", lambda data: data)
     (tmp_path / "taken").write_text("")
     assert export([str(source), str(tmp_path / "taken")]) == 2
-    assert "taken is a file, not a directory" in capsys.readouterr().err
+    assert "taken is a file, not a folder" in capsys.readouterr().err
     assert export([str(source), str(tmp_path / "out"), "--debug"]) == 0
 
 
@@ -251,7 +251,7 @@ def _train(tmp_path: Path, *flags: str) -> int:
     [
         (["--checkpoint_every", "0"], "checkpoint_every must be positive"),
         (["--keep_checkpoints", "0"], "keep_checkpoints must be at least 1"),
-        (["--run_dir", "{file}"], "taken is a file, not a directory"),
+        (["--run_dir", "{file}"], "taken is a file, not a folder"),
         (
             ["--encoder", "x" * 10_000],
             "setting 'encoder' must be tape-base | small | tiny | esm2_t6_8M | esm2_t12_35M | "
@@ -282,9 +282,7 @@ def test_run_directory_that_cannot_be_created_is_one_sentence(tmp_path, capsys, 
     run_dir = tmp_path / "taken" / "run"
     assert _train(tmp_path, "--run_dir", str(run_dir), "--num_workers", "0") == 2
     err = capsys.readouterr().err.strip().splitlines()
-    expected = (
-        f"--run_dir {run_dir} cannot be made: {tmp_path / 'taken'} is a file, not a directory"
-    )
+    expected = f"--run_dir {run_dir} cannot be made: {tmp_path / 'taken'} is a file, not a folder"
     assert err[-1] == f"advpt: error: {expected}"
     assert "Traceback" not in "\n".join(err)
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from advpt.errors import ConfigError, cannot_write
-from advpt.outputs import write_atomically
+from advpt.outputs import check_folder, write_atomically
 from advpt.run_checkpoints import CHECKPOINTS, LATEST, RUN_CONFIG
 
 LOCK_FILE = ".lock"
@@ -128,14 +128,11 @@ class RunDir:
 
 
 def check_run_dir(run_dir: RunDir, occupied: Callable[[RunDir], str]) -> None:
-    """Refuse an unusable run directory in one sentence (``ConfigError``), before anything is
-    built or written: a file, one that cannot be made under a file, one holding a link to a
-    file, or the sentence ``occupied`` gives (empty: none) for what it holds already."""
-    if run_dir.root.exists() and not run_dir.root.is_dir():
-        raise ConfigError(f"--run_dir {run_dir} is a file, not a directory")
-    above = next(p for p in run_dir.root.absolute().parents if p.exists())
-    if not above.is_dir():
-        raise ConfigError(f"--run_dir {run_dir} cannot be made: {above} is a file, not a directory")
+    """Refuse an unusable run directory in one sentence, before anything is built or written:
+    a file, one that cannot be made under a file (``advpt.outputs.check_folder``), one holding a
+    link to a file, or the sentence ``occupied`` gives (empty: none) for what it holds already
+    (``ConfigError``)."""
+    check_folder(run_dir.root, "--run_dir")
     if run_dir.root.is_dir():
         # A link to a file, or a dangling one, would have the run's files written through it
         # (a link to a directory, such as checkpoints on another disk, is the user's choice).
