@@ -73,7 +73,7 @@ COMMANDS = {
     "study": Command(
         "advpt.study.__main__",
         "advpt.study.options:StudyConfig",
-        "the masking study: every arm over seeds, written up as study.md",
+        "the masking study: every recipe over seeds, written up as study.md",
     ),
     "prepare": Command(
         "advpt.data.prepare",

@@ -1,45 +1,45 @@
 """Training throughput of advpt: random vs adversarial MLM, like with like, and a bare-PyTorch peer.
 
     python scripts/bench_throughput.py --preset tiny                       # CPU, under a minute
-    python scripts/bench_throughput.py --preset tiny --modes random alternating simultaneous
+    python scripts/bench_throughput.py --preset tiny --recipes random alternating simultaneous
     OMP_NUM_THREADS=1 python scripts/bench_throughput.py --preset small --noiser small \\
-        --max_length 128 --micro_batches 16 --checkpointing 0 --modes random recommended \\
-        sparse-simultaneous --workers 0        # the settings' costs, side by side
+        --max_length 128 --micro_batches 16 --checkpointing 0 --recipes random recommended \\
+        sparse-simultaneous --workers 0        # the recipes' costs, side by side
     python scripts/bench_throughput.py --preset tape-base --max_length 512 \\
         --precisions bf16 --checkpointing 0 1 --micro_batches 16 32 64 --json bench.json
     python scripts/bench_throughput.py --preset tape-base --max_length 512 --precisions bf16 \\
         --find_max_micro_batch --checkpointing 0 1 --json max_batch.json
 
-A *row* is one mode (``advpt.variants.VARIANTS``: ``random``, ``alternating`` (the paper's
+A *row* is one recipe (``advpt.recipes.RECIPES``: ``random``, ``alternating`` (the paper's
 schedule), ``simultaneous``, ``sparse-simultaneous``, ...) at one combination of precision,
-activation checkpointing, micro-batch, encoder ZeRO stage and AdamW (a *cell*). Every mode of a
+activation checkpointing, micro-batch, encoder ZeRO stage and AdamW (a *cell*). Every recipe of a
 cell is built as ``advpt.train`` builds it and steps through the trainer's own
 ``Trainer.optimizer_step`` (the step a run takes, with its counters, schedule and metrics; no
-step logs, so none reads anything back from the device for its metrics). The modes of a cell are
+step logs, so none reads anything back from the device for its metrics). The recipes of a cell are
 compared like with like:
 
 * **The same micro-batches.** The cell's micro-batches are a fixed list: the first ones of the
   training stream of ``--data`` (epoch 0, cut and cropped as in training). The stream is a
-  function of the micro-batch's number, so every mode draws the same numbers from its own
+  function of the micro-batch's number, so every recipe draws the same numbers from its own
   stream, once, and gets the same sequences, crops, padding and token totals in the same
   order, masked by its own rates (the same seed for each number); the benchmark checks that
-  their token ids agree. A mode's row records a digest of the token ids its steps consumed
+  their token ids agree. A recipe's row records a digest of the token ids its steps consumed
   (``data_digest``): equal in every row of the cell.
-* **The same steps.** Every mode takes the same number of optimizer steps on that list, a whole
+* **The same steps.** Every recipe takes the same number of optimizer steps on that list, a whole
   number of cycles of every schedule in the cell (the least common multiple of their cycles:
   random MLM 1 step, ``alternating`` 10 noiser + 10 encoder steps, ``sparse-simultaneous`` a
-  joint and an encoder step, ...), so each mode starts every round at the start of its cycle and
+  joint and an encoder step, ...), so each recipe starts every round at the start of its cycle and
   feeds each phase the same micro-batches every time. ``--warmup`` and ``--steps`` are rounded
-  up to such whole cycles. An alternating mode's noiser steps consume micro-batches as they do
+  up to such whole cycles. An alternating recipe's noiser steps consume micro-batches as they do
   in training: per encoder update it pays its noiser steps, on identical data.
-* **Rotation.** The cell is timed in ``--rounds`` rounds; each round times every mode's steps
+* **Rotation.** The cell is timed in ``--rounds`` rounds; each round times every recipe's steps
   (and the bare loop's, below) once, in an order that rotates by one place per round, so that
-  no mode always runs first and a slow spell of a shared machine hits every mode alike. The
+  no recipe always runs first and a slow spell of a shared machine hits every recipe alike. The
   per-round figures are kept (``ms_per_round``, ``host_ms_per_round``, ``cost_per_round``,
-  ``position_per_round``: the mode's place in each round's order).
+  ``position_per_round``: the recipe's place in each round's order).
 
 A row reports, from its median round: ``ms_per_encoder_update`` (wall time over the round's
-encoder updates: an alternating mode's noiser steps count against its encoder updates),
+encoder updates: an alternating recipe's noiser steps count against its encoder updates),
 ``host_ms_per_encoder_update`` (the host's time until the last step was queued, before waiting
 for the device: the same on a CPU), ``tokens_per_s`` and ``samples_per_s`` (non-padding tokens and
 sequences that went through encoder updates per second), ``mfu`` (the encoder's useful FLOPs on
@@ -50,10 +50,10 @@ token slots of the cell's micro-batches that are padding), ``phases`` (the timed
 of each phase) and ``phase_ms`` (milliseconds per encoder update spent in each; CUDA events on a
 GPU, so no host sync is added), ``peak_mem_gb`` (the most GPU memory allocated while timing; on a
 CPU the process's peak resident memory so far). ``cost_vs_random`` is the median over rounds of
-the ratio of the mode's time per encoder update to random MLM's in the same round
+the ratio of the recipe's time per encoder update to random MLM's in the same round
 (``cost_range``: the lowest and highest), ``adversary_share`` is ``1 - 1 / cost_vs_random``.
 
-After the rounds, an untimed pass of every mode over the same steps counts, per optimizer step,
+After the rounds, an untimed pass of every recipe over the same steps counts, per optimizer step,
 ``host_syncs_per_step`` (``advpt.host_syncs.HostSyncs``: calls that make the host wait for the
 device; where, in ``host_sync_sites``) and ``leaf_ops_per_step`` (the ops that reach a kernel,
 after autograd and the decomposition of composite ops, counted by a ``TorchDispatchMode``). With
@@ -61,7 +61,7 @@ after autograd and the decomposition of composite ops, counted by a ``TorchDispa
 ``TorchDispatchMode`` (and their fused kernels are no dispatched ops); host syncs are, at the cost
 of compiling each graph once more with the counting mode present.
 
-**The bare-PyTorch peer.** When random MLM is among the modes, each cell also times a row
+**The bare-PyTorch peer.** When random MLM is among the recipes, each cell also times a row
 ``bare-pytorch``: the same encoder module (a ``MaskedLanguageModel`` of the random-MLM trainer's
 encoder config, seeded alike, with ``--compile`` compiled alike) on random MLM's micro-batches,
 in a plain loop: per micro-batch forward and MLM loss (the call advpt's encoder step makes),
@@ -69,8 +69,8 @@ backward; then ``clip_grad_norm_`` (foreach, the DeepSpeed config's clipping), `
 (torch's, fused where the cell's AdamW is fused or DeepSpeed's, else torch's default: foreach
 on a GPU), ``zero_grad``. bf16 and fp16 run the forward in ``torch.autocast`` over fp32
 weights (fp16 with a ``GradScaler``; DeepSpeed's ``bf16`` keeps bf16 weights instead). It takes
-its turn in the rotation like a mode; its row names its ``optimizer`` (no ``adam``) and has no
-``peak_mem_gb`` (scripts/gpu_report.py reads every row's as an engine's). Every mode's row has
+its turn in the rotation like a recipe; its row names its ``optimizer`` (no ``adam``) and has no
+``peak_mem_gb`` (scripts/gpu_report.py reads every row's as an engine's). Every recipe's row has
 ``ops_vs_bare`` (its leaf ops per optimizer step over the bare loop's per step) and
 ``host_time_vs_bare`` (its host time per encoder update over the bare loop's per step, median of
 the rounds' ratios): random MLM's two are the framework's share of a step.
@@ -144,6 +144,7 @@ from advpt.methods.shared import masked_lm  # noqa: E402
 from advpt.models import ENCODER_PRESETS, NOISER_PRESETS, MaskedLanguageModel  # noqa: E402
 from advpt.models.encoder import check_max_length  # noqa: E402
 from advpt.outputs import write_atomically  # noqa: E402
+from advpt.recipes import RECIPES  # noqa: E402
 from advpt.training.assembly import build_trainer  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
 from advpt.training.engines.compilation import compile_forward  # noqa: E402
@@ -160,11 +161,10 @@ from advpt.utilization import (  # noqa: E402
     matmul_peak_tflops,
     synchronize,
 )
-from advpt.variants import VARIANTS  # noqa: E402
 from advpt.weight_decay import parameter_groups  # noqa: E402
 
 FIELDS = (
-    "mode", "precision", "checkpointing", "zero", "adam", "micro_batch", "global_batch",
+    "recipe", "precision", "checkpointing", "zero", "adam", "micro_batch", "global_batch",
     "ms_per_encoder_update", "tokens_per_s", "mfu", "padding_fraction", "host_syncs_per_step",
     "leaf_ops_per_step", "cost_vs_random", "ops_vs_bare", "host_time_vs_bare", "peak_mem_gb",
 )  # fmt: skip
@@ -175,12 +175,12 @@ AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "bf16-autocast": torch.bfloat1
             "fp16": torch.float16}  # fmt: skip
 
 
-def train_config(args, mode: str, checkpointing: int, work: Path) -> TrainConfig:
-    """The settings of a trainer of ``mode``, its DeepSpeed JSONs (which :func:`build` writes)
+def train_config(args, recipe: str, checkpointing: int, work: Path) -> TrainConfig:
+    """The settings of a trainer of ``recipe``, its DeepSpeed JSONs (which :func:`build` writes)
     in ``work``; no step logs (``--log_every`` beyond any run of the benchmark)."""
     return parse(TrainConfig, [
         "--deepspeed_config", str(work / "encoder.json"),
-        "--noiser_deepspeed_config", str(work / "noiser.json"), *VARIANTS[mode],
+        "--noiser_deepspeed_config", str(work / "noiser.json"), *RECIPES[recipe],
         "--encoder", args.preset, "--noiser", args.noiser, "--max_length", str(args.max_length),
         "--activation_checkpointing", str(checkpointing),
         "--data", args.data, "--run_dir", str(work / "run"), "--log_every", str(10**9),
@@ -201,13 +201,13 @@ def ds_config(cell: dict, name: str) -> dict:
     )
 
 
-def build(args, mode: str, cell: dict, work: Path, device: torch.device) -> Trainer:
+def build(args, recipe: str, cell: dict, work: Path, device: torch.device) -> Trainer:
     """The trainer of one combination (``cell``: precision, checkpointing, micro, zero, global,
     adam)."""
     work.mkdir(parents=True, exist_ok=True)
     for name in ("encoder", "noiser"):
         (work / f"{name}.json").write_text(json.dumps(ds_config(cell, name)))
-    return build_trainer(train_config(args, mode, cell["checkpointing"], work), device)
+    return build_trainer(train_config(args, recipe, cell["checkpointing"], work), device)
 
 
 def whole_cycles(count: int, cycles: list[int]) -> int:
@@ -466,7 +466,7 @@ def summarize(row: dict, rounds: list[dict], counted: dict, peers: dict, peak: f
     row.update(ms_per_round=ms, host_ms_per_round=host,
                position_per_round=[r["position"] for r in rounds])  # fmt: skip
     del row["position"]
-    if row["mode"] == BARE:
+    if row["recipe"] == BARE:
         return
     random_rounds, _ = peers.get("random", ([], {}))
     row["cost_vs_random"], ratios = median_ratio(
@@ -496,7 +496,7 @@ def feed(
     )
     window = cell["global_batch"] // cell["micro_batch"]
     count, split, first = (warmup + steps) * window, warmup * window, next(iter(trainers))
-    reference = ""  # the first mode's digest of the micro-batches
+    reference = ""  # the first recipe's digest of the micro-batches
     timed: dict[str, Timed] = {}
     batches: dict[str, list[Batch]] = {}
     for name, row in rows.items():
@@ -515,7 +515,7 @@ def feed(
                 reference = reference or drawn
                 if drawn != reference:
                     raise RuntimeError(
-                        f"{name} cuts the training stream differently from {first}: the modes "
+                        f"{name} cuts the training stream differently from {first}: the recipes "
                         "of a cell must step through the same micro-batches"
                     )
             timed[name] = Timed(
@@ -531,19 +531,21 @@ def feed(
 def time_cell(
     args, cell: dict, peak: float, device: torch.device, tmp: Path, results: Results
 ) -> None:
-    """One cell: every mode built (and the bare loop, with random MLM), fed the cell's
+    """One cell: every recipe built (and the bare loop, with random MLM), fed the cell's
     micro-batches and warmed up (:func:`feed`), then timed in ``--rounds`` rotating rounds, then
     its host syncs and ops counted."""
-    rows = {mode: {"mode": mode, **cell} for mode in args.modes}
+    rows = {recipe: {"recipe": recipe, **cell} for recipe in args.recipes}
     trainers: dict[str, Trainer] = {}
-    for mode in args.modes:
+    for recipe in args.recipes:
         try:
-            trainers[mode] = build(args, mode, cell, tmp / f"{mode}-{len(results.rows)}", device)
+            trainers[recipe] = build(
+                args, recipe, cell, tmp / f"{recipe}-{len(results.rows)}", device
+            )
         except torch.OutOfMemoryError:
-            rows[mode]["oom"] = True
+            rows[recipe]["oom"] = True
             release(device)
     if "random" in trainers:
-        rows[BARE] = {"mode": BARE, **{k: v for k, v in cell.items() if k != "adam"}}
+        rows[BARE] = {"recipe": BARE, **{k: v for k, v in cell.items() if k != "adam"}}
     timed = feed(args, cell, trainers, rows, device) if trainers else {}
     rounds: dict[str, list[dict]] = {name: [] for name in timed}
     for round_ in range(args.rounds):
@@ -663,8 +665,8 @@ def check(args, accelerator) -> None:
     """What argparse cannot check alone, before anything is measured: one sentence each.
     ``accelerator``: DeepSpeed's, which runs the precisions."""
     check_max_length(ENCODER_PRESETS[args.preset], args.max_length, args.preset)
-    for mode, checkpointing in itertools.product(args.modes, args.checkpointing):
-        train_config(args, mode, checkpointing, Path())  # every setting a trainer checks
+    for recipe, checkpointing in itertools.product(args.recipes, args.checkpointing):
+        train_config(args, recipe, checkpointing, Path())  # every setting a trainer checks
     bf16, fp16 = accelerator.is_bf16_supported(), accelerator.is_fp16_supported()
     runs = {p: fp16 if p == "fp16" else bf16 if p.startswith("bf16") else True for p in PRECISIONS}
     for precision in args.precisions:  # rather than a row labelled with what did not run
@@ -715,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
         help="noiser preset (default: paper, or tiny)",
     )  # fmt: skip
     parser.add_argument(
-        "--modes", nargs="+", default=["random", "alternating"], choices=sorted(VARIANTS)
+        "--recipes", nargs="+", default=["random", "alternating"], choices=sorted(RECIPES)
     )
     parser.add_argument(
         "--precisions", nargs="+", default=None, choices=PRECISIONS,
@@ -732,7 +734,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max_length", type=positive, default=128)
     parser.add_argument(
         "--steps", type=positive, default=10,
-        help="optimizer steps of every mode per round, rounded up to whole cycles of every "
+        help="optimizer steps of every recipe per round, rounded up to whole cycles of every "
         "schedule in the cell (20 with alternating's)",
     )  # fmt: skip
     parser.add_argument(
@@ -740,7 +742,7 @@ def main(argv: list[str] | None = None) -> int:
         help="untimed optimizer steps first, rounded up likewise",
     )  # fmt: skip
     parser.add_argument(
-        "--rounds", type=positive, default=5, help="timings of every mode, in rotating order"
+        "--rounds", type=positive, default=5, help="timings of every recipe, in rotating order"
     )
     parser.add_argument(
         "--workers", type=non_negative, default=1,

@@ -226,10 +226,10 @@ environment() {
         ${GPU_CHECK_COMMIT:+--commit "$GPU_CHECK_COMMIT"}
 }
 
-pretrain() { # pretrain NAME SETTING: a short real pre-training run of a named setting, bf16
+pretrain() { # pretrain NAME RECIPE: a short real pre-training run of a recipe, bf16
     step "pretrain_$1" "$PRETRAIN_LIMIT" "$PYTHON" -m advpt.train \
         --deepspeed_config "$BF16_CONFIG" --noiser_deepspeed_config "$NOISER_CONFIG" \
-        --setting "$2" "${PRETRAIN[@]}" --run_dir "$RAW/pretrain-$1"
+        --recipe "$2" "${PRETRAIN[@]}" --run_dir "$RAW/pretrain-$1"
 }
 
 throughput() { # throughput NAME LIMIT [bench_throughput.py flags]
@@ -281,10 +281,10 @@ step cuda_tests 120 "$PYTHON" -m pytest -q -rs -p no:cacheprovider -k "not compi
     --junitxml "$RAW/tests.xml"
 pretrain paper alternating
 pretrain sparse_simultaneous sparse-simultaneous
-throughput throughput 180 --modes random random-40 alternating simultaneous sparse-simultaneous \
+throughput throughput 180 --recipes random random-40 alternating simultaneous sparse-simultaneous \
     --checkpointing 0 --micro_batches "$MICRO" --zero 2 --steps "$STEPS" --warmup "$WARMUP" \
     --rounds "$ROUNDS"
-throughput overhead 90 --modes random --full_length --precisions bf16 bf16-autocast --zero 0 2 \
+throughput overhead 90 --recipes random --full_length --precisions bf16 bf16-autocast --zero 0 2 \
     --adam torch-fused --checkpointing 0 --micro_batches "$MICRO" --steps "$STEPS" \
     --warmup "$WARMUP" --rounds 2
 step profile 60 "$PYTHON" scripts/trace_step.py "${TRACE[@]}" --ds_config "$BF16_CONFIG" \
@@ -293,11 +293,11 @@ step esm_650m 150 "$PYTHON" scripts/bench_esm.py "${ESM[@]}" --dtype bf16 --comp
     --json "$RAW/esm_650m.json"
 step sampler_bench 60 "$PYTHON" scripts/bench_sampler.py "${SAMPLER[@]}" \
     --json "$RAW/sampler_bench.json"
-throughput zero_memory 60 --modes random --checkpointing 0 --micro_batches "${MICROS[@]}" \
+throughput zero_memory 60 --recipes random --checkpointing 0 --micro_batches "${MICROS[@]}" \
     --zero 0 2 --steps 2 --warmup 1
 throughput max_micro_batch 150 --find_max_micro_batch --checkpointing 0 1 \
     --micro_batches "$MICRO" --max_micro_batch "$CAP" --zero 2
-throughput fused_adam 150 --modes random --adam "${ADAMS[@]}" --checkpointing 0 \
+throughput fused_adam 150 --recipes random --adam "${ADAMS[@]}" --checkpointing 0 \
     --micro_batches "$MICRO" --zero 2 --steps "$STEPS" --warmup "$WARMUP"
 
 # With --previous, this run's steps replace that file's, the rest stay.

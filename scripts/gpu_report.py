@@ -260,7 +260,7 @@ def _peak(result: dict[str, Any]) -> tuple[str, None]:
 
 
 def _mfu(result: dict[str, Any]) -> tuple[str, bool]:
-    (row,) = _rows(result, "throughput", mode="random")
+    (row,) = _rows(result, "throughput", recipe="random")
     value = (
         f"{100 * row['mfu']:.1f}% ({_settings(result, 'throughput')}, {row['precision']}, "
         f"micro-batch {row['micro_batch']}, ZeRO {row['zero']}: "
@@ -269,17 +269,17 @@ def _mfu(result: dict[str, Any]) -> tuple[str, bool]:
     return value, row["mfu"] >= MFU_GOAL
 
 
-def _cost(mode: str) -> Callable[[dict[str, Any]], tuple[str, bool | None]]:
+def _cost(recipe: str) -> Callable[[dict[str, Any]], tuple[str, bool | None]]:
     def measure(result: dict[str, Any]) -> tuple[str, bool | None]:
-        (row,) = _rows(result, "throughput", mode=mode)
-        (random,) = _rows(result, "throughput", mode="random")
+        (row,) = _rows(result, "throughput", recipe=recipe)
+        (random,) = _rows(result, "throughput", recipe="random")
         phases = ", ".join(f"{phase} {ms:.1f}" for phase, ms in row["phase_ms"].items())
         value = (
             f"{row['cost_vs_random']:.2f}x ({row['ms_per_encoder_update']:.1f} vs "
             f"{random['ms_per_encoder_update']:.1f} ms per encoder update; adversary's share "
             f"{100 * row['adversary_share']:.0f}%; ms per update by phase: {phases})"
         )
-        goal = COST_GOALS[mode]
+        goal = COST_GOALS[recipe]
         return value, None if goal is None else row["cost_vs_random"] <= goal
 
     return measure
@@ -290,7 +290,7 @@ def _overhead(result: dict[str, Any]) -> tuple[str, None]:
     for row in _rows(result, "overhead"):
         if "ms_per_encoder_update" not in row:
             continue
-        name = "bare PyTorch" if row["mode"] == "bare-pytorch" else f"ZeRO {row['zero']}"
+        name = "bare PyTorch" if row["recipe"] == "bare-pytorch" else f"ZeRO {row['zero']}"
         parts.append(
             f"{row['precision']} {name}: {row['ms_per_encoder_update']:.1f} ms, "
             f"{100 * row['mfu']:.1f}% MFU, {row['host_syncs_per_step']:g} syncs/step"
@@ -385,8 +385,8 @@ FIGURES = [
     Figure("throughput", "bf16 matmul peak, measured in the same process", "-", _peak),
     Figure("throughput", "encoder step MFU (tape-base, length 512, bf16)",
            f">= {100 * MFU_GOAL:.0f}% of the measured peak", _mfu),
-    *(Figure("throughput", f"cost_vs_random, {mode}", f"<= {goal}x" if goal else "-",
-             _cost(mode)) for mode, goal in COST_GOALS.items()),
+    *(Figure("throughput", f"cost_vs_random, {recipe}", f"<= {goal}x" if goal else "-",
+             _cost(recipe)) for recipe, goal in COST_GOALS.items()),
     Figure("overhead", "random MLM on a fixed full-length batch: DeepSpeed's bf16 optimizer "
            "(ZeRO 0, 2) vs bf16 autocast (ZeRO 0), and a bare loop", "-", _overhead),
     Figure("profile", "where a random-MLM step's time goes (torch.profiler, 5 steps)", "-",

@@ -4,7 +4,7 @@
     OMP_NUM_THREADS=1 python scripts/profile_step.py --preset tape-base --max_length 128 \\
         --micro_batch 8 --noisers gru transformer conv
 
-For each mode (``advpt.variants.VARIANTS``) it builds the real engines (as the benchmark does),
+For each recipe (``advpt.recipes.RECIPES``) it builds the real engines (as the benchmark does),
 warms up, and profiles whole noiser + encoder cycles of the trainer's own
 ``Trainer.optimizer_step`` with ``torch.profiler`` (CPU activities, one thread). advpt marks its
 ranges in the step (``advpt.noiser_forward``, ``advpt.sampler``, ``advpt.encoder_forward``,
@@ -58,11 +58,11 @@ from advpt.models import (  # noqa: E402
 )
 from advpt.models.encoder import check_max_length  # noqa: E402
 from advpt.outputs import write_atomically  # noqa: E402
+from advpt.recipes import RECIPES  # noqa: E402
 from advpt.training.assembly import build_trainer  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
 from advpt.training.engines.engine import simple_ds_config  # noqa: E402
 from advpt.training.preemption import StopSignals  # noqa: E402
-from advpt.variants import VARIANTS  # noqa: E402
 
 RANGES = {
     "advpt.noiser_forward": "noiser",
@@ -77,24 +77,24 @@ COLUMNS = (
 )  # fmt: skip
 
 
-def train_config(args, mode: str, work: Path) -> TrainConfig:
-    """The settings of a trainer of ``mode`` at the command line's sizes, its DeepSpeed JSONs
+def train_config(args, recipe: str, work: Path) -> TrainConfig:
+    """The settings of a trainer of ``recipe`` at the command line's sizes, its DeepSpeed JSONs
     (which :func:`build` writes) in ``work``."""
     return parse(TrainConfig, [
         "--deepspeed_config", str(work / "encoder.json"),
-        "--noiser_deepspeed_config", str(work / "noiser.json"), *VARIANTS[mode],
+        "--noiser_deepspeed_config", str(work / "noiser.json"), *RECIPES[recipe],
         "--encoder", args.preset, "--noiser", args.noiser, "--max_length", str(args.max_length),
         "--run_dir", str(work / "run"), "--num_workers", "0", "--warmup_steps", "1",
         "--max_steps", str(10**6), "--noiser_start_at", "0", "--log_every", str(10**6),
     ])  # fmt: skip
 
 
-def build(args, mode: str, work: Path):
-    """A trainer of ``mode`` at the command line's sizes (fp32, torch's AdamW, one rank)."""
+def build(args, recipe: str, work: Path):
+    """A trainer of ``recipe`` at the command line's sizes (fp32, torch's AdamW, one rank)."""
     work.mkdir(parents=True, exist_ok=True)
     for name in ("encoder", "noiser"):
         (work / f"{name}.json").write_text(json.dumps(simple_ds_config(args.micro_batch, lr=1e-4)))
-    return build_trainer(train_config(args, mode, work), torch.device("cpu"))
+    return build_trainer(train_config(args, recipe, work), torch.device("cpu"))
 
 
 def cycle_length(trainer) -> int:
@@ -190,9 +190,9 @@ def split(events, phases: list[str], share: float) -> dict[str, float]:
     return out
 
 
-def profile_mode(args, mode: str, work: Path) -> dict:
-    """Per encoder update: seconds in each column for ``mode`` (a whole number of cycles)."""
-    trainer = build(args, mode, work)
+def profile_recipe(args, recipe: str, work: Path) -> dict:
+    """Per encoder update: seconds in each column for ``recipe`` (a whole number of cycles)."""
+    trainer = build(args, recipe, work)
     data = iter(stream_loader(trainer.stream, 0, 0))
     cycle = cycle_length(trainer)
     for _ in range(args.warmup):
@@ -207,7 +207,7 @@ def profile_mode(args, mode: str, work: Path) -> dict:
     updates = trainer.counters.encoder_step - start
     share = weight_share(trainer, next(data), args.repeats)
     seconds = split(prof.events(), phases, share)
-    row = {"mode": mode, "encoder_updates": updates, "weight_share": share}
+    row = {"recipe": recipe, "encoder_updates": updates, "weight_share": share}
     row |= {k: v / updates * 1000 for k, v in seconds.items()}  # ms per encoder update
     return row
 
@@ -241,8 +241,8 @@ def rows_table(rows: list[dict], columns: list[str]) -> str:
 def check(args) -> None:
     """What argparse cannot check alone, before anything is built: one sentence each."""
     check_max_length(ENCODER_PRESETS[args.preset], args.max_length, args.preset)
-    for mode in args.modes:  # every setting a trainer checks (--max_length at least 3, ...)
-        train_config(args, mode, Path())
+    for recipe in args.recipes:  # every setting a trainer checks (--max_length at least 3, ...)
+        train_config(args, recipe, Path())
     if args.json is not None and args.json.is_dir():
         raise ConfigError(f"--json {args.json} is a folder; name the file to write")
 
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max_length", type=positive, default=128)
     parser.add_argument("--micro_batch", type=positive, default=16)
     parser.add_argument(
-        "--modes", nargs="+", choices=sorted(VARIANTS),
+        "--recipes", nargs="+", choices=sorted(RECIPES),
         default=["random", "alternating", "simultaneous", "recommended"],
     )  # fmt: skip
     parser.add_argument(
@@ -274,9 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     header += f"{args.micro_batch}, {torch.get_num_threads()} thread(s); ms per encoder update"
     rows, noisers = [], []
     with StopSignals() as stops, tempfile.TemporaryDirectory() as tmp:
-        for mode in args.modes:  # a stop signal ends the run after the mode in progress
-            rows.append(profile_mode(args, mode, Path(tmp) / mode))
-            print(rows_table(rows[-1:], ["mode", *COLUMNS, "total"]), flush=True)
+        for recipe in args.recipes:  # a stop signal ends the run after the recipe in progress
+            rows.append(profile_recipe(args, recipe, Path(tmp) / recipe))
+            print(rows_table(rows[-1:], ["recipe", *COLUMNS, "total"]), flush=True)
             if stops.received:
                 break
         else:
@@ -286,9 +286,9 @@ def main(argv: list[str] | None = None) -> int:
             kept = "nothing was kept"
             if args.json:
                 write_rows(args.json, header + " (stopped early)", rows, noisers)
-                kept = f"the modes profiled are in {args.json}"
+                kept = f"the recipes profiled are in {args.json}"
             raise Stopped(stops.received, kept)
-    print(f"\n{header}\n\n{rows_table(rows, ['mode', *COLUMNS, 'total', 'weight_share'])}\n")
+    print(f"\n{header}\n\n{rows_table(rows, ['recipe', *COLUMNS, 'total', 'weight_share'])}\n")
     print(rows_table(noisers, ["noiser", "preset", "parameters", "ms_forward_backward"]))
     if args.json:
         write_rows(args.json, header, rows, noisers)

@@ -1,27 +1,27 @@
 #!/usr/bin/env bash
 # Set up the environment, pre-train on the bundled proteome, and summarise the run.
 #
-#   bash scripts/quickstart.sh [--paper] [extra train.py flags, e.g. --setting sparse-simultaneous]
+#   bash scripts/quickstart.sh [--paper] [extra train.py flags, e.g. --recipe sparse-simultaneous]
 #
 # GPU: tape-base encoder, bf16 configs, every visible GPU. CPU: the small preset and the CPU
 # configs (200 encoder steps, and noiser steps if the setting has a noiser: a few minutes on 2
 # cores once set up).
-# Every stage says what it is doing; the run ends with its summary (python -m advpt.report).
+# Every stage says what it is doing; the run ends with its summary (advpt report).
 #
-# The setting is advpt.variants.VARIANTS["recommended"], the one docs/study.md's evidence
+# The recipe is advpt.recipes.RECIPES["recommended"], the one docs/study.md's evidence
 # picks; --paper runs the paper's exact setting instead.
 echo "[advpt] 1/2 environment: Python, PyTorch, DeepSpeed and advpt (installing what is missing)"
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
-echo "[advpt]     $(python -m advpt.environment)"
+echo "[advpt]     $(python -m advpt env)"
 
-SETTING=(--setting recommended)
+RECIPE=(--recipe recommended)
 if [ "${1:-}" = "--paper" ]; then
-    SETTING=()
+    RECIPE=()
     shift
-    echo "[advpt]     setting: the paper's exact one"
+    echo "[advpt]     recipe: none, the paper's exact setting"
 else
-    RECOMMENDED="$(python -c 'from advpt.variants import VARIANTS; print(*VARIANTS["recommended"])')"
-    echo "[advpt]     setting: the recommended one (docs/study.md): $RECOMMENDED"
+    RECOMMENDED="$(python -c 'from advpt.recipes import RECIPES; print(*RECIPES["recommended"])')"
+    echo "[advpt]     recipe: the recommended one (docs/study.md): $RECOMMENDED"
 fi
 RUN_DIR="runs/quickstart-$(date +%Y%m%d-%H%M%S)"
 if [ "$ADVPT_GPUS" -gt 0 ]; then
@@ -32,7 +32,7 @@ if [ "$ADVPT_GPUS" -gt 0 ]; then
         --deepspeed_config gpu-bf16 --noiser_deepspeed_config gpu \
         --encoder tape-base --noiser paper --max_length 512 \
         --max_steps 2000 --warmup_steps 200 --log_every 20 --eval_every 500 \
-        --checkpoint_every 500 --run_dir "$RUN_DIR" "${SETTING[@]}" "$@"
+        --checkpoint_every 500 --run_dir "$RUN_DIR" "${RECIPE[@]}" "$@"
 else
     echo "[advpt] 2/2 pre-training on the CPU: small encoder (and a small noiser, if the setting has"
     echo "[advpt]     one), 200 encoder steps on the bundled proteome (2,100 proteins), a few minutes"
@@ -41,10 +41,10 @@ else
         --deepspeed_config cpu --noiser_deepspeed_config cpu \
         --encoder small --noiser small --max_length 128 \
         --max_steps 200 --warmup_steps 20 --log_every 10 --eval_every 100 \
-        --checkpoint_every 100 --run_dir "$RUN_DIR" "${SETTING[@]}" "$@"
+        --checkpoint_every 100 --run_dir "$RUN_DIR" "${RECIPE[@]}" "$@"
 fi
 echo "[advpt] done; the plots are in $RUN_DIR/report.png. Next:"
-echo "    python -m advpt.report $RUN_DIR   # this summary again (also while a run trains)"
+echo "    advpt report $RUN_DIR   # this summary again (also while a run trains)"
 echo "    tensorboard --logdir $RUN_DIR/tensorboard   # every metric"
-echo "    bash scripts/quickstart.sh --setting sparse-simultaneous   # a cheap adversarial run, then"
-echo "    python -m advpt.report $RUN_DIR runs/quickstart-<other run> --out runs/compare   # compare"
+echo "    bash scripts/quickstart.sh --recipe sparse-simultaneous   # a cheap adversarial run, then"
+echo "    advpt report $RUN_DIR runs/quickstart-<other run> --out runs/compare   # compare"

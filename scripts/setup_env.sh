@@ -69,6 +69,6 @@ export ADVPT_GPUS
 ops_stamp="$ADVPT_ENV/.advpt-extensions-built-$ADVPT_GPUS"
 if [ ! -e "$ops_stamp" ] || [ "$stamp" -nt "$ops_stamp" ]; then
     echo "[advpt] building the C++ op this machine's runs use (once per environment)"
-    python -m advpt.build_extensions
+    python -m advpt build-extensions
     touch "$ops_stamp" 2>/dev/null || true
 fi

@@ -7,7 +7,7 @@ optimizer steps, summarised.
         --ds_config cpu-bf16                            # a rehearsal on the CPU
 
 It builds the real engines from a DeepSpeed JSON (a shipped short name or a file), runs
-``--warmup`` optimizer steps of ``--mode`` untraced, then traces ``--steps`` of them (CPU and,
+``--warmup`` optimizer steps of ``--recipe`` untraced, then traces ``--steps`` of them (CPU and,
 on a GPU, CUDA activity) and reports:
 
 * ``busy_share``: the share of the traced wall time in which the GPU ran at least one kernel
@@ -48,10 +48,10 @@ from advpt.markdown import table  # noqa: E402
 from advpt.models import ENCODER_PRESETS, NOISER_PRESETS  # noqa: E402
 from advpt.models.encoder import check_max_length  # noqa: E402
 from advpt.outputs import write_atomically  # noqa: E402
+from advpt.recipes import RECIPES  # noqa: E402
 from advpt.training.assembly import build_trainer  # noqa: E402
 from advpt.training.distributed import init_distributed  # noqa: E402
 from advpt.training.engines.engine import read_ds_config  # noqa: E402
-from advpt.variants import VARIANTS  # noqa: E402
 
 ATTENTION = {
     "aten::_scaled_dot_product_flash_attention": "flash",
@@ -67,9 +67,9 @@ TOP = 10
 
 
 def train_config(args, work: Path) -> TrainConfig:
-    """The trainer's settings: ``--mode`` at the command line's sizes, in ``work``."""
+    """The trainer's settings: ``--recipe`` at the command line's sizes, in ``work``."""
     return parse(TrainConfig, [
-        *VARIANTS[args.mode], "--deepspeed_config", args.ds_config,
+        *RECIPES[args.recipe], "--deepspeed_config", args.ds_config,
         "--noiser_deepspeed_config", args.noiser_ds_config, "--encoder", args.preset,
         "--noiser", args.noiser, "--max_length", str(args.max_length),
         "--micro_batch", str(args.micro_batch), "--run_dir", str(work / "run"),
@@ -144,7 +144,7 @@ def trace(args) -> dict:
         finally:
             data.close()
     summary = summarise(prof.events(), args.steps, on_gpu)
-    return {"command": " ".join(sys.argv), "mode": args.mode, "ds_config": args.ds_config,
+    return {"command": " ".join(sys.argv), "recipe": args.recipe, "ds_config": args.ds_config,
             "preset": args.preset, "max_length": args.max_length,
             "micro_batch": args.micro_batch, **summary}  # fmt: skip
 
@@ -163,7 +163,7 @@ def check(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Exit code 0; 2 with one sentence for bad arguments, before anything is built."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mode", default="random", choices=sorted(VARIANTS))
+    parser.add_argument("--recipe", default="random", choices=sorted(RECIPES))
     parser.add_argument("--preset", default="tape-base", choices=sorted(ENCODER_PRESETS))
     parser.add_argument("--noiser", default="small", choices=sorted(NOISER_PRESETS))
     parser.add_argument("--max_length", type=positive, default=512)

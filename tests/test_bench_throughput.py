@@ -16,19 +16,19 @@ TINY = ["--cpu", "--preset", "tiny", "--checkpointing", "0", "--steps", "1", "--
 
 
 @pytest.mark.slow
-def test_every_mode_reports_every_field_and_times_the_phases_its_name_says(tmp_path):
-    """One benchmark of the modes gpu_check's rehearsal does not time, at the tiny preset,
+def test_every_recipe_reports_every_field_and_times_the_phases_its_name_says(tmp_path):
+    """One benchmark of the recipes gpu_check's rehearsal does not time, at the tiny preset,
     encoder under ZeRO 2: each row has every field, and times the trainer's own optimizer steps,
-    which are its mode's: a warm-up mode (context-warmup: random-only for the first quarter of
-    the run) times adversarial steps. Every mode, and the bare-PyTorch peer, takes the same
+    which are its recipe's: a warm-up recipe (context-warmup: random-only for the first quarter of
+    the run) times adversarial steps. Every recipe, and the bare-PyTorch peer, takes the same
     steps on the same micro-batches, in rounds whose order rotates. (tests/test_gpu_check.py
     checks the rows of random 40%, alternating, simultaneous and sparse-simultaneous alike.)"""
     out = tmp_path / "bench.json"
     command = [
         sys.executable, "scripts/bench_throughput.py", "--preset", "tiny", "--steps", "2",
         "--warmup", "1", "--checkpointing", "0", "--max_length", "64", "--json", str(out),
-        "--zero", "2", "--modes", "random", "context-warmup", "sparse-alternating", "--rounds", "3",
-        "--workers", "0",
+        "--zero", "2", "--recipes", "random", "context-warmup", "sparse-alternating",
+        "--rounds", "3", "--workers", "0",
     ]  # fmt: skip
     result = subprocess.run(
         command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600
@@ -37,23 +37,23 @@ def test_every_mode_reports_every_field_and_times_the_phases_its_name_says(tmp_p
     report = json.loads(out.read_text())
     assert report["flops_formula"].startswith("6 * N_body * T")
     assert report["matmul_peak_tflops"] > 0 and report["rounds"] == 3 and report["data"]
-    rows = {row["mode"]: row for row in report["rows"]}
+    rows = {row["recipe"]: row for row in report["rows"]}
     assert list(rows) == ["random", "context-warmup", "sparse-alternating", "bare-pytorch"]
-    for mode, row in rows.items():
+    for recipe, row in rows.items():
         for field in (
-            "mode", "precision", "checkpointing", "micro_batch", "samples_per_s", "tokens_per_s",
+            "recipe", "precision", "checkpointing", "micro_batch", "samples_per_s", "tokens_per_s",
             "encoder_tflops", "mfu", "padding_fraction", "host_syncs_per_step",
             "leaf_ops_per_step", "ms_per_encoder_update", "host_ms_per_encoder_update",
         ):  # fmt: skip
-            assert row[field] is not None, (mode, field)
+            assert row[field] is not None, (recipe, field)
         assert row["zero"] == 2 and row["global_batch"] == row["micro_batch"] == 8
         assert row["tokens_per_s"] > 0 and 0 < row["mfu"] < 1 and row["leaf_ops_per_step"] > 0
         assert 0 <= row["padding_fraction"] < 1 and row["host_syncs_per_step"] >= 0
         # whole cycles of every schedule in the cell: alternating's 10 + 10, 1 + 4, random's 1
         assert (row["warmup_steps"], row["optimizer_steps"], row["micro_batches"]) == (20, 20, 20)
-        assert len(row["ms_per_round"]) == len(row["host_ms_per_round"]) == 3, mode
+        assert len(row["ms_per_round"]) == len(row["host_ms_per_round"]) == 3, recipe
         # the phases' times are the step's, split: they add up to the time per update
-        assert set(row["phase_ms"]) == set(row["phases"]), mode
+        assert set(row["phase_ms"]) == set(row["phases"]), recipe
         assert sum(row["phase_ms"].values()) == pytest.approx(row["ms_per_encoder_update"], 0.02)
     # the same micro-batches, token for token, in every row of the cell, the bare loop's too
     assert len({row["data_digest"] for row in rows.values()}) == 1
@@ -61,13 +61,13 @@ def test_every_mode_reports_every_field_and_times_the_phases_its_name_says(tmp_p
     # each round's order is the last one's rotated by one place
     positions = [row["position_per_round"] for row in rows.values()]
     assert positions == [[0, 3, 2], [1, 0, 3], [2, 1, 0], [3, 2, 1]]
-    for mode, row in rows.items():
-        if mode == "bare-pytorch":
+    for recipe, row in rows.items():
+        if recipe == "bare-pytorch":
             assert "adam" not in row and "cost_vs_random" not in row
             assert row["optimizer"] and row["gradient_clipping"] == 1.0
             continue
         assert len(row["cost_per_round"]) == 3
-        assert row["cost_range"][0] <= row["cost_vs_random"] <= row["cost_range"][1], mode
+        assert row["cost_range"][0] <= row["cost_vs_random"] <= row["cost_range"][1], recipe
         # a timing: its size is a benchmark figure (docs/benchmarks.md), not a property to test
         assert row["cost_vs_random"] > 0 and row["host_time_vs_bare"] > 0
         assert row["adversary_share"] == pytest.approx(1 - 1 / row["cost_vs_random"])
@@ -85,8 +85,8 @@ def test_every_mode_reports_every_field_and_times_the_phases_its_name_says(tmp_p
     assert rows["sparse-alternating"]["encoder_updates"] == 16
 
 
-def test_modes_of_a_cell_consume_the_same_micro_batches_in_whole_cycles(tmp_path, distributed):
-    """What each mode's own optimizer steps take from the cell's fixed list, recorded as they
+def test_recipes_of_a_cell_consume_the_same_micro_batches_in_whole_cycles(tmp_path, distributed):
+    """What each recipe's own optimizer steps take from the cell's fixed list, recorded as they
     take it: the same sequences in the same order for random MLM and for sparse-simultaneous
     (a cycle of a joint and an encoder step), each masked by its own rates."""
     bench = load_script("bench_throughput")
@@ -96,25 +96,25 @@ def test_modes_of_a_cell_consume_the_same_micro_batches_in_whole_cycles(tmp_path
     )  # fmt: skip
     cell = dict(precision="fp32", checkpointing=0, micro_batch=2, zero=0, global_batch=2,
                 adam="torch")  # fmt: skip
-    modes = ["random", "random-40", "sparse-simultaneous"]
-    trainers = {m: bench.build(args, m, cell, tmp_path / m, torch.device("cpu")) for m in modes}
-    taken = {mode: [] for mode in modes}
-    for mode, trainer in trainers.items():
+    recipes = ["random", "random-40", "sparse-simultaneous"]
+    trainers = {m: bench.build(args, m, cell, tmp_path / m, torch.device("cpu")) for m in recipes}
+    taken = {recipe: [] for recipe in recipes}
+    for recipe, trainer in trainers.items():
         step = trainer.optimizer_step
 
-        def recording(data, step=step, taken=taken[mode]):
+        def recording(data, step=step, taken=taken[recipe]):
             return step(taken.append(batch) or batch for batch in data)
 
         trainer.optimizer_step = recording
-    rows = {mode: {} for mode in modes}
+    rows = {recipe: {} for recipe in recipes}
     timed = bench.feed(args, cell, trainers, rows, torch.device("cpu"))
-    for mode in modes:
-        taken[mode].clear()  # the warm-up's
-        assert timed[mode].time()["phases"] == (
-            {"joint": 1, "encoder": 1} if mode == "sparse-simultaneous" else {"encoder": 2}
+    for recipe in recipes:
+        taken[recipe].clear()  # the warm-up's
+        assert timed[recipe].time()["phases"] == (
+            {"joint": 1, "encoder": 1} if recipe == "sparse-simultaneous" else {"encoder": 2}
         )
     assert {(r["warmup_steps"], r["optimizer_steps"]) for r in rows.values()} == {(2, 2)}
-    first, *others = (taken[mode] for mode in modes)
+    first, *others = (taken[recipe] for recipe in recipes)
     assert len(first) == 2
     for batches in others:
         assert all(torch.equal(a.ids, b.ids) and torch.equal(a.lengths, b.lengths)
@@ -130,14 +130,14 @@ def test_full_length_rows_are_one_fixed_batch_without_padding(tmp_path, distribu
     micro-batch of full-length rows; bf16 autocast with fused AdamW at ZeRO 0 makes no host
     sync, DeepSpeed's bf16 optimizer at ZeRO 0 does."""
     out = tmp_path / "overhead.json"
-    flags = ["--modes", "random", "--full_length", "--precisions", "bf16", "bf16-autocast",
+    flags = ["--recipes", "random", "--full_length", "--precisions", "bf16", "bf16-autocast",
              "--adam", "torch-fused", "--max_length", "32", "--micro_batches", "2",
              "--rounds", "1", "--json", str(out)]  # fmt: skip
     assert load_script("bench_throughput").main([*TINY, *flags]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert {r["padding_fraction"] for r in rows} == {0.0}
     assert len({r["data_digest"] for r in rows}) == 1  # one batch for every row
-    syncs = {r["precision"]: r["host_syncs_per_step"] for r in rows if r["mode"] == "random"}
+    syncs = {r["precision"]: r["host_syncs_per_step"] for r in rows if r["recipe"] == "random"}
     assert syncs["bf16-autocast"] == 0 and syncs["bf16"] > 0
 
 
@@ -149,9 +149,9 @@ def test_the_frameworks_share_of_a_step_is_small_where_the_host_dominates(tmp_pa
     out = tmp_path / "framework.json"
     # the later --preset wins over TINY's
     sizes = ["--preset", "esm2_t12_35M", "--max_length", "32", "--micro_batches", "4"]
-    flags = [*TINY, *sizes, "--adam", "torch-fused", "--modes", "random", "--rounds", "1"]
+    flags = [*TINY, *sizes, "--adam", "torch-fused", "--recipes", "random", "--rounds", "1"]
     assert load_script("bench_throughput").main([*flags, "--json", str(out)]) == 0
-    (row,) = [r for r in json.loads(out.read_text())["rows"] if r["mode"] == "random"]
+    (row,) = [r for r in json.loads(out.read_text())["rows"] if r["recipe"] == "random"]
     assert row["ops_vs_bare"] <= 1.3 and row["host_syncs_per_step"] == 0, row
 
 
@@ -254,10 +254,10 @@ def test_what_argparse_cannot_check_is_one_sentence_before_anything_is_measured(
 def test_a_stop_signal_ends_a_script_with_75_and_keeps_the_rows_measured(tmp_path, script):
     out = tmp_path / "rows.json"
     flags = {
-        "bench_throughput": [*TINY, "--modes", "random", "--micro_batches", "2", "4", "8", "16",
+        "bench_throughput": [*TINY, "--recipes", "random", "--micro_batches", "2", "4", "8", "16",
                              "32", "64", "128"],
         "profile_step": ["--preset", "tiny", "--noiser", "tiny", "--max_length", "32",
-                         "--micro_batch", "4", "--modes", "random", "random-40", "span",
+                         "--micro_batch", "4", "--recipes", "random", "random-40", "span",
                          "alternating", "simultaneous", "--noisers", "gru", "--repeats", "1",
                          "--cycles", "1", "--warmup", "0"],
     }[script]  # fmt: skip

@@ -377,8 +377,8 @@ def test_every_flag_the_slurm_scripts_pass_is_an_advpt_train_flag(monkeypatch):
     assert len(commands) == 1  # in pretrain.sh, run by both sbatch scripts
     config = parse(TrainConfig, commands[0])
     assert config.run.resume and config.dataset.data == "uniref50.fasta.gz"
-    recommended = parse(TrainConfig, ["--setting", "recommended"])
-    for section in ("method", "model", "masking"):  # the recommended setting's, as the README's
+    recommended = parse(TrainConfig, ["--recipe", "recommended"])
+    for section in ("method", "model", "masking"):  # the recommended recipe's, as the README's
         assert getattr(config, section) == getattr(recommended, section), section
 
 

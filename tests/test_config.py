@@ -14,8 +14,8 @@ from advpt.config.section import field_docs
 from advpt.errors import ConfigError
 from advpt.models import ENCODER_PRESETS, NOISER_PRESETS, TRANSFORMER_NOISER_PRESETS
 from advpt.models.heads import POOLINGS, HeadConfig
+from advpt.recipes import RECIPES
 from advpt.tasks import SS_LABELS, TAPE_TASKS
-from advpt.variants import VARIANTS
 
 
 @pytest.mark.parametrize(
@@ -149,32 +149,32 @@ def test_finetune_settings_share_the_style(tmp_path):
     assert parse(FinetuneConfig, ["--config", str(run_file)]).lr is None
 
 
-def test_every_training_variant_is_a_valid_set_of_flags():
+def test_every_recipe_is_a_valid_set_of_flags():
     rates = {"random-15": 0.15, "random-40": 0.4, "sparse-simultaneous-40": 0.4}  # others: 20%
-    others = {name: flags for name, flags in VARIANTS.items() if name != "recommended"}
-    assert VARIANTS["recommended"] in others.values()  # the study's pick among the others
+    others = {name: flags for name, flags in RECIPES.items() if name != "recommended"}
+    assert RECIPES["recommended"] in others.values()  # the study's pick among the others
     for name, flags in others.items():
         config = parse(TrainConfig, flags)
         random = name.startswith("random") or name == "span"
         assert config.method.mode == ("random" if random else "adversarial"), name
         total = config.masking.random_rate + config.masking.adversarial_rate
         assert total == pytest.approx(rates.get(name, 0.2)), name
-    assert parse(TrainConfig, VARIANTS["span"]).masking.random_masking == "span"
+    assert parse(TrainConfig, RECIPES["span"]).masking.random_masking == "span"
 
 
-def test_a_named_setting_is_its_flags_and_a_run_file_or_flags_override_it(tmp_path):
-    named = parse(TrainConfig, ["--setting", "sparse-simultaneous"])
-    assert named == parse(TrainConfig, VARIANTS["sparse-simultaneous"])
+def test_a_recipe_is_its_flags_and_a_run_file_or_flags_override_it(tmp_path):
+    named = parse(TrainConfig, ["--recipe", "sparse-simultaneous"])
+    assert named == parse(TrainConfig, RECIPES["sparse-simultaneous"])
     assert (named.method.joint_every, named.model.noiser_arch) == (2, "conv")
     run_file = tmp_path / "run.yaml"
     run_file.write_text("method: {joint_every: 4}\n")
-    over = parse(TrainConfig, ["--setting", "sparse-simultaneous", "--config", str(run_file)])
+    over = parse(TrainConfig, ["--recipe", "sparse-simultaneous", "--config", str(run_file)])
     assert (over.method.joint_every, over.method.schedule) == (4, "simultaneous")
-    flag = parse(TrainConfig, ["--config", str(run_file), "--setting", "recommended",
+    flag = parse(TrainConfig, ["--config", str(run_file), "--recipe", "recommended",
                                "--joint_every", "5"])  # fmt: skip
     assert flag.method.joint_every == 5
     with pytest.raises(SystemExit):  # argparse names the choices
-        parse(TrainConfig, ["--setting", "no-such-setting"])
+        parse(TrainConfig, ["--recipe", "no-such-recipe"])
 
 
 def test_section_names_are_no_setting_names_and_old_ones_are_settings_only():

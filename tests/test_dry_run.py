@@ -43,11 +43,11 @@ from advpt.methods.base import ENCODER, JOINT, NOISER, RANDOM
 from advpt.methods.registry import build_method
 from advpt.models import ENCODER_PRESETS, MaskedLanguageModel, build_noiser
 from advpt.models.heads import HeadConfig, TaskModel
+from advpt.recipes import RECIPES
 from advpt.tasks import IGNORE_LABEL, PER_RESIDUE, PER_SEQUENCE, REGRESSION
 from advpt.tokenizer import TAPE, Vocabulary
 from advpt.training.reporting.monitor import MetricsAccumulator
 from advpt.training.validation import validation_sums
-from advpt.variants import VARIANTS
 from tests.helpers import REPO
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -174,7 +174,7 @@ def moved(batch: Batch, device: torch.device) -> Batch:
     return on_device
 
 
-# Each case: the training variant (advpt.variants.VARIANTS), the phase, the encoder's DeepSpeed
+# Each case: the recipe (advpt.recipes.RECIPES), the phase, the encoder's DeepSpeed
 # config, and extra flags.
 CASES = {
     "alternating-noiser-bf16": ("alternating", NOISER, "encoder/gpu-bf16", []),
@@ -202,9 +202,9 @@ CASES = {
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES)
 def test_a_micro_step_of_each_phase_stays_on_the_device(device: str, case: str):
-    variant, phase, encoder_config, flags = CASES[case]
+    recipe, phase, encoder_config, flags = CASES[case]
     device = torch.device(device)
-    config = parse(TrainConfig, [*VARIANTS[variant], *flags])
+    config = parse(TrainConfig, [*RECIPES[recipe], *flags])
     torch.manual_seed(0)
     preset = "tiny" if config.model.encoder in (None, "tape-base") else config.model.encoder
     encoder_cfg = dataclasses.replace(
@@ -230,10 +230,10 @@ def test_a_micro_step_of_each_phase_stays_on_the_device(device: str, case: str):
             metrics.record(spec.label, out, draw, batch)
         # the MLM output's 4 and the counters; a draw adds its sample's 5, the entropy and,
         # for the importance estimator, the weights
-        expected = 5 if draw is None else 11 + (variant == "importance")
+        expected = 5 if draw is None else 11 + (recipe == "importance")
         assert check_tensors((out, draw, metrics.counters), device) == expected
         assert out.loss.dtype == torch.float32 and out.positions.shape == (batch.num_masked,)
-        assert (draw is None) == (variant == "random" or phase == RANDOM)
+        assert (draw is None) == (recipe == "random" or phase == RANDOM)
     trained = {NOISER: [noiser], ENCODER: [encoder], JOINT: [noiser, encoder], RANDOM: [encoder]}[
         phase
     ]
@@ -253,7 +253,7 @@ def test_a_micro_step_of_each_phase_stays_on_the_device(device: str, case: str):
 @pytest.mark.parametrize("device", DEVICES)
 def test_validation_stays_on_the_device(device: str):
     device = torch.device(device)
-    config = parse(TrainConfig, VARIANTS["random"])
+    config = parse(TrainConfig, RECIPES["random"])
     torch.manual_seed(0)
     encoder = place(MaskedLanguageModel(ENCODER_PRESETS["tiny"]), device, "encoder/gpu-bf16")
     batches = collated_batches(build_method(config, TAPE).masking_rates(), TAPE)

@@ -146,7 +146,7 @@ def test_what_a_stopped_step_left_cut_short_is_collected_as_not_measured(tmp_pat
                                       124), ("pretrain_paper", "ok", 0))]  # fmt: skip
     (raw / "steps.jsonl").write_text("".join(json.dumps(step) + "\n" for step in steps))
     (raw / "tests.xml").write_text('<testsuite tests="3"><testcase')
-    (raw / "throughput.json").write_text('{"rows": [{"mode": "random"')
+    (raw / "throughput.json").write_text('{"rows": [{"recipe": "random"')
     losses = [
         {"encoder_step": s, "encoder_loss": 3.0 - s / 10, "tokens_per_s": 9.0} for s in (1, 2)
     ]
@@ -298,24 +298,24 @@ def test_the_cpu_rehearsal_runs_every_step(tmp_path):
     assert sorted(esm["mfu"]) == ["advpt", "advpt compiled", "transformers",
                                   "transformers compiled"]  # fmt: skip
     assert esm["compile_seconds"] > 0 and 0 < esm["mfu"]["advpt"] < 1
-    costs = {r["mode"]: r for r in results["benchmarks"]["throughput"]["rows"]}
-    assert {mode: row["phases"] for mode, row in costs.items()} == {
+    costs = {r["recipe"]: r for r in results["benchmarks"]["throughput"]["rows"]}
+    assert {recipe: row["phases"] for recipe, row in costs.items()} == {
         "random": {"encoder": 20},  # --steps 2: one whole cycle of alternating's 20 steps
         "random-40": {"encoder": 20},
         "alternating": {"noiser": 10, "encoder": 10},
         "simultaneous": {"joint": 20},
         "sparse-simultaneous": {"joint": 10, "encoder": 10},  # a joint step every second step
         "bare-pytorch": {"encoder": 20},
-    }  # every mode of the row timed the same optimizer steps, on the same micro-batches
+    }  # every recipe of the row timed the same optimizer steps, on the same micro-batches
     assert len({row["data_digest"] for row in costs.values()}) == 1
-    for mode, row in costs.items():  # every field, as tests/test_bench_throughput.py checks
-        assert row["zero"] == 2 and len(row["ms_per_round"]) == 2 and 0 < row["mfu"] < 1, mode
-        assert row["phase_ms"].keys() == row["phases"].keys(), mode
-        if mode != "bare-pytorch":
-            assert row["adversary_share"] == pytest.approx(1 - 1 / row["cost_vs_random"]), mode
+    for recipe, row in costs.items():  # every field, as tests/test_bench_throughput.py checks
+        assert row["zero"] == 2 and len(row["ms_per_round"]) == 2 and 0 < row["mfu"] < 1, recipe
+        assert row["phase_ms"].keys() == row["phases"].keys(), recipe
+        if recipe != "bare-pytorch":
+            assert row["adversary_share"] == pytest.approx(1 - 1 / row["cost_vs_random"]), recipe
     overhead = results["benchmarks"]["overhead"]["rows"]
     syncs = {(r["precision"], r["zero"]): r["host_syncs_per_step"] for r in overhead
-             if r["mode"] == "random"}  # fmt: skip
+             if r["recipe"] == "random"}  # fmt: skip
     assert syncs[("bf16-autocast", 0)] == 0 and syncs[("bf16", 2)] > 0  # as shipped now, before
     assert results["benchmarks"]["profile"]["attention"]
     searched = results["benchmarks"]["max_micro_batch"]["rows"]

@@ -16,10 +16,10 @@ from advpt.data.stream import stream_loader
 from advpt.errors import NonFiniteError
 from advpt.host_syncs import HostSyncs
 from advpt.methods.base import ENCODER
+from advpt.recipes import RECIPES
 from advpt.training.engines.engine import settle_skipped_steps, skips_on_device
 from advpt.training.progress import Progress
 from advpt.training.reporting.monitor import MetricsWriter
-from advpt.variants import VARIANTS
 from tests.helpers import build_tiny_trainer
 
 BATCH_KEYS = ("train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps")
@@ -75,18 +75,18 @@ SCHEDULES = ["random", "alternating", "simultaneous", "sparse-simultaneous"]
 
 
 @pytest.mark.parametrize("config", ["cpu", "cpu-bf16"])
-@pytest.mark.parametrize("variant", SCHEDULES)
-def test_a_steady_state_step_makes_no_host_sync(tmp_path, distributed, variant, config):
-    flags = [*VARIANTS[variant], *QUIET, "--max_steps", "1000", "--noiser_start_at", "0"]
+@pytest.mark.parametrize("recipe", SCHEDULES)
+def test_a_steady_state_step_makes_no_host_sync(tmp_path, distributed, recipe, config):
+    flags = [*RECIPES[recipe], *QUIET, "--max_steps", "1000", "--noiser_start_at", "0"]
     trainer = build_tiny_trainer(tmp_path, *flags, **shipped(config))
     assert all(skips_on_device(engine) for engine in trainer.engines.values())
     syncs = steady_steps(trainer, 8)
     assert syncs.count == 0, dict(syncs.sites)
 
 
-@pytest.mark.parametrize("variant", ["random", "simultaneous"])
-def test_a_packed_step_makes_no_host_sync(tmp_path, distributed, variant):
-    flags = [*VARIANTS[variant], *QUIET, "--max_steps", "1000", "--noiser_start_at", "0"]
+@pytest.mark.parametrize("recipe", ["random", "simultaneous"])
+def test_a_packed_step_makes_no_host_sync(tmp_path, distributed, recipe):
+    flags = [*RECIPES[recipe], *QUIET, "--max_steps", "1000", "--noiser_start_at", "0"]
     flags += ["--tokens_per_batch", "192", "--pack"]  # 4 rows of the tests' 48 tokens
     trainer = build_tiny_trainer(tmp_path, *flags, **shipped("cpu"))
     syncs = steady_steps(trainer, 6)
@@ -94,7 +94,7 @@ def test_a_packed_step_makes_no_host_sync(tmp_path, distributed, variant):
 
 
 def test_deepspeeds_own_bf16_optimizer_still_syncs_as_the_docs_say(tmp_path, distributed):
-    flags = [*VARIANTS["random"], *QUIET, "--max_steps", "1000"]
+    flags = [*RECIPES["random"], *QUIET, "--max_steps", "1000"]
     zero2 = shipped("gpu-bf16-zero2")
     zero2.pop("zero_optimization")  # its overlap settings are for a GPU; ZeRO 1 on the CPU
     trainer = build_tiny_trainer(tmp_path, *flags, **zero2, zero_optimization={"stage": 1})

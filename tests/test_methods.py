@@ -26,9 +26,9 @@ from advpt.methods.base import ENCODER, JOINT, NOISER, RANDOM, EncoderSteps
 from advpt.methods.random_mlm import RandomMLM
 from advpt.methods.registry import build_method, method_source
 from advpt.methods.simultaneous import SimultaneousSchedule
+from advpt.recipes import RECIPES
 from advpt.tokenizer import TAPE
 from advpt.training.checkpointing.migrate import migrate
-from advpt.variants import VARIANTS
 from tests.helpers import REPO, read_metrics, run_in_process, tiny_run_args
 
 FIXTURE = REPO / "tests" / "fixtures" / "surprisal_method.py"
@@ -39,7 +39,7 @@ def method_of(*flags: str):
 
 
 @pytest.mark.parametrize(
-    "variant, name, rates, schedule, phases",
+    "recipe, name, rates, schedule, phases",
     [
         ("random", "random", (0.2, 0.0), EncoderSteps, {ENCODER}),
         ("span", "random", (0.2, 0.0), EncoderSteps, {ENCODER}),
@@ -53,8 +53,8 @@ def method_of(*flags: str):
         ("importance", "importance", (0.0, 0.2), AlternatingSchedule, {NOISER, ENCODER, RANDOM}),
     ],
 )  # fmt: skip
-def test_the_flags_name_a_built_in_method(variant, name, rates, schedule, phases):
-    method = method_of(*VARIANTS[variant])
+def test_the_flags_name_a_built_in_method(recipe, name, rates, schedule, phases):
+    method = method_of(*RECIPES[recipe])
     assert method.name == name and method.trains_noiser == (name != "random")
     assert method.masking_rates() == pytest.approx(rates)
     assert isinstance(method.schedule(), schedule) and set(method.phases()) == phases
@@ -75,8 +75,8 @@ def test_importance_follows_the_schedule_and_the_warmup_and_noiser_steps_follow_
 def test_an_adversary_with_no_positions_to_choose_is_refused():
     # a setting with no adversarial budget, made adversarial: the noiser would learn nothing
     with pytest.raises(ConfigError, match="--mode adversarial with --adversarial_rate 0 leaves"):
-        method_of("--setting", "recommended", "--mode", "adversarial")
-    importance = method_of("--setting", "recommended", "--mode", "adversarial", "--estimator",
+        method_of("--recipe", "recommended", "--mode", "adversarial")
+    importance = method_of("--recipe", "recommended", "--mode", "adversarial", "--estimator",
                            "importance")  # fmt: skip
     assert importance.masking_rates() == (0.0, 0.4)  # the whole total is the noiser's
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import REPO, child_env, load_script, refused_by_script, wait_until
 
-TINY = ["--preset", "tiny", "--noiser", "tiny", "--modes", "random", "--noisers", "gru"]
+TINY = ["--preset", "tiny", "--noiser", "tiny", "--recipes", "random", "--noisers", "gru"]
 
 
 def test_a_bad_argument_ends_in_one_sentence_in_a_fresh_process():
@@ -57,24 +57,24 @@ def test_what_argparse_cannot_check_is_one_sentence_before_anything_is_built(tmp
 
 
 def test_a_stop_signal_during_the_noiser_table_ends_with_75_and_keeps_everything(tmp_path):
-    """After the last mode, the profiler times each noiser alone; a SIGTERM then is not lost
-    (it once was: the run went on and exited 0): 75, and the JSON holds the modes and noisers."""
+    """After the last recipe, the profiler times each noiser alone; a SIGTERM then is not lost
+    (it once was: the run went on and exited 0): 75, and the JSON holds the recipes and noisers."""
     out, printed = tmp_path / "rows.json", tmp_path / "stdout.txt"
     flags = ["--preset", "tiny", "--noiser", "tiny", "--max_length", "32", "--micro_batch", "4",
-             "--modes", "random", "--noisers", "gru", "transformer", "conv", "--repeats", "100",
+             "--recipes", "random", "--noisers", "gru", "transformer", "conv", "--repeats", "100",
              "--cycles", "1", "--warmup", "0", "--json", str(out)]  # fmt: skip
     with printed.open("w") as stdout:
         job = subprocess.Popen(
             [sys.executable, "scripts/profile_step.py", *flags], cwd=REPO, env=child_env(),
             stdout=stdout, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-    wait_until(job, lambda: "| random |" in printed.read_text(), "the only mode's row")
+    wait_until(job, lambda: "| random |" in printed.read_text(), "the only recipe's row")
     job.send_signal(signal.SIGTERM)
     _, err = job.communicate(timeout=120)
     assert job.returncode == 75, err[-3000:]
     assert err.strip().splitlines()[-1].startswith("advpt: error: stopped by SIGTERM; the ")
     written = json.loads(out.read_text())
-    assert [row["mode"] for row in written["rows"]] == ["random"]
+    assert [row["recipe"] for row in written["rows"]] == ["random"]
     assert [row["noiser"] for row in written["noisers"]] == ["gru", "transformer", "conv"]
     assert written["header"].endswith("(stopped early)")
 

@@ -26,8 +26,8 @@ def test_a_changed_rate_is_refused_or_recorded_with_its_step(tmp_path, distribut
     assert started.returncode == 0, started.stderr[-3000:]
     before = _files(run_dir)
 
-    # --setting recommended is random masking at another rate: the case that went unsaid
-    changed = ["--setting", "recommended", "--resume"]
+    # --recipe recommended is random masking at another rate: the case that went unsaid
+    changed = ["--recipe", "recommended", "--resume"]
     refused = run_in_process(tiny_run_args(tmp_path, run_dir) + changed + common)
     assert refused.returncode == 2
     error = refused.stderr.strip().splitlines()[-1]
@@ -51,7 +51,7 @@ def test_a_changed_rate_is_refused_or_recorded_with_its_step(tmp_path, distribut
     assert read_metrics(run_dir)[-1]["encoder_step"] == 4
 
     # resumed again with the new settings: no new change, the history is kept
-    more = ["--setting", "recommended", "--resume", "--max_steps", "5"]
+    more = ["--recipe", "recommended", "--resume", "--max_steps", "5"]
     again = run_in_process(tiny_run_args(tmp_path, run_dir) + more + common[2:])
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((run_dir / "setting_changes.json").read_text()) == changes

@@ -1,4 +1,4 @@
-"""`python -m advpt.study` at its quick size: every arm over two seeds, a table, three plots."""
+"""`python -m advpt.study` at its quick size: every recipe over two seeds, a table, three plots."""
 
 import json
 import math
@@ -48,22 +48,22 @@ def test_quick_study_stops_keeps_its_runs_and_writes_the_tables_and_plots(tmp_pa
     report = (out / "study.md").read_text()
     assert "python -m advpt.study --size quick --reuse\n" in report
     assert "to train what an earlier, stopped study had not finished" in report
-    assert "the 14 runs' training alone, over every invocation, took " in report  # 7 arms x 2
+    assert "the 14 runs' training alone, over every invocation, took " in report  # 7 recipes x 2
     lines = report.splitlines()
-    first = lines.index(next(line for line in lines if line.startswith("| arm | updates")))
+    first = lines.index(next(line for line in lines if line.startswith("| recipe | updates")))
     rows = [line for line in lines[first + 2 :] if line.startswith("| ")]
     rows = rows[: rows.index(next(row for row in rows if row.startswith("| unigram"))) + 1]
     cells = [[cell.strip() for cell in row.split("|")[1:-1]] for row in rows]
-    marker = " (**recommended**)"  # on the arm that is VARIANTS["recommended"]
+    marker = " (**recommended**)"  # on the recipe that is RECIPES["recommended"]
     assert sum(row[0].endswith(marker) for row in cells) == 1
-    arms = [
+    recipes = [
         "random 15%", "random 20%", "random 40%", "span masking, 20%",
         "paper: alternating, 10% random + 10% noiser",
         "conv noiser, a joint step every 2nd step", "the same at 30% random + 10% noiser",
     ]  # fmt: skip
-    assert [row[0].removesuffix(marker) for row in cells] == [*arms, "unigram baseline"]
+    assert [row[0].removesuffix(marker) for row in cells] == [*recipes, "unigram baseline"]
     for row in cells[:-1]:
-        assert row[1].split(" / ")[0] == "4"  # the same number of encoder updates for every arm
+        assert row[1].split(" / ")[0] == "4"  # the same number of encoder updates for every recipe
         for column in (3, 5, 7):  # losses: random masking, hard positions, equal time
             loss, std = _mean_std(row[column])
             assert 0 < loss < 10 and std >= 0
@@ -84,14 +84,14 @@ def test_quick_study_stops_keeps_its_runs_and_writes_the_tables_and_plots(tmp_pa
     # the paper's Table 2 beside them
     downstream = report.split("## Downstream")[1]
     table = [line for line in downstream.split("At equal updates")[0].splitlines() if "|" in line]
-    assert table[0].startswith("| arm | SS Q3 | SS Q8 | 0-shot GB1")
+    assert table[0].startswith("| recipe | SS Q3 | SS Q8 | 0-shot GB1")
     assert [row.split(" | ")[0].removeprefix("| ").removesuffix(marker) for row in table[2:]] == [
-        *arms, "context-free", "local context: one-hot ±7 window; residue pairs", "random init",
+        *recipes, "context-free", "local context: one-hot ±7 window; residue pairs", "random init",
         "the paper's Table 2 (fine-tuned on TAPE; for scale only)",
     ]  # fmt: skip
-    local = table[2 + len(arms) + 1].split(" | ")  # scored on the two tasks of the floors only
+    local = table[2 + len(recipes) + 1].split(" | ")  # scored on the two tasks of the floors only
     assert float(local[1]) > 0.3 and local[3] == "-" and float(local[-1].rstrip(" |")) > 0
-    for row in table[2 : 2 + len(arms)]:  # the arms: mean ± std over seeds
+    for row in table[2 : 2 + len(recipes)]:  # the recipes: mean ± std over seeds
         for value in row.split(" | ")[1:]:
             mean, std = _mean_std(value.rstrip(" |"))
             assert -1 <= mean <= 1 and std >= 0
@@ -105,11 +105,14 @@ def test_quick_study_stops_keeps_its_runs_and_writes_the_tables_and_plots(tmp_pa
     for seed in (0, 1):
         assert len({r.random.scored for r in results.runs if r.seed == seed}) == 1
 
-    # the report again from the saved results, with measured costs per update: an arm that
+    # the report again from the saved results, with measured costs per update: a recipe that
     # costs twice as much is read at half the updates on its curve
     costs = tmp_path / "costs.json"
-    rows = [{"mode": arm, "cost_vs_random": 2.0} for arm in ("alternating", "sparse-simultaneous")]
-    costs.write_text(json.dumps({"rows": [{"mode": "random", "cost_vs_random": 1.0}, *rows]}))
+    rows = [
+        {"recipe": recipe, "cost_vs_random": 2.0}
+        for recipe in ("alternating", "sparse-simultaneous")
+    ]
+    costs.write_text(json.dumps({"rows": [{"recipe": "random", "cost_vs_random": 1.0}, *rows]}))
     again = subprocess.run(
         [*command, "--report_only", "--costs", str(costs)], cwd=REPO, env=child_env(),
         capture_output=True, text=True, timeout=600,
@@ -123,10 +126,10 @@ def test_quick_study_stops_keeps_its_runs_and_writes_the_tables_and_plots(tmp_pa
     assert table["| random 40%"][2] == "1.00"
 
 
-def _run(arm: str, seconds: float, curve: list[tuple[int, float, float]]) -> Run:
-    """A trained run of ``arm``, 100 encoder updates and no random-only warm-up."""
+def _run(recipe: str, seconds: float, curve: list[tuple[int, float, float]]) -> Run:
+    """A trained run of ``recipe``, 100 encoder updates and no random-only warm-up."""
     unscored = Score(math.nan, math.nan)
-    return Run(arm, 0, 100, 100, 0, 100, seconds, 0.0, curve, [], unscored, unscored, {})
+    return Run(recipe, 0, 100, 100, 0, 100, seconds, 0.0, curve, [], unscored, unscored, {})
 
 
 def test_equal_compute_charges_warmup_steps_as_random_ones():
@@ -158,10 +161,10 @@ def test_bad_arguments_end_in_one_sentence_before_any_training(tmp_path, flags, 
 
 
 def test_a_result_cut_short_by_a_stop_is_trained_again(tmp_path):
-    (tmp_path / "result.json").write_text('{"arm": "random", "se')
+    (tmp_path / "result.json").write_text('{"recipe": "random", "se')
     assert read_kept(tmp_path / "result.json") is None
-    (tmp_path / "result.json").write_text('{"arm": "random"}')
-    assert read_kept(tmp_path / "result.json") == {"arm": "random"}
+    (tmp_path / "result.json").write_text('{"recipe": "random"}')
+    assert read_kept(tmp_path / "result.json") == {"recipe": "random"}
 
 
 def test_reuse_of_runs_trained_with_other_settings_is_refused_naming_them(tmp_path):
@@ -169,7 +172,7 @@ def test_reuse_of_runs_trained_with_other_settings_is_refused_naming_them(tmp_pa
     training, naming each setting that differs; nothing kept is touched."""
     runs = tmp_path / "runs"
     command = [
-        sys.executable, "-m", "advpt.study", "--quick", "--arms", "random", "--seeds", "1",
+        sys.executable, "-m", "advpt.study", "--quick", "--recipes", "random", "--seeds", "1",
         "--out", str(tmp_path / "report"), "--runs", str(runs),
     ]  # fmt: skip
     job = subprocess.Popen(
@@ -195,7 +198,7 @@ def test_reuse_of_runs_trained_with_other_settings_is_refused_naming_them(tmp_pa
     assert "training" not in done.stdout and not (tmp_path / "report").exists()
 
 
-@pytest.mark.parametrize("saved", [[], [{"arm": "unigram", "seed": 0, "minutes": 1.0}], [1]])
+@pytest.mark.parametrize("saved", [[], [{"recipe": "unigram", "seed": 0, "minutes": 1.0}], [1]])
 def test_report_only_without_finished_runs_is_one_sentence(tmp_path, saved):
     (tmp_path / "results.json").write_text(json.dumps(saved))
     command = [sys.executable, "-m", "advpt.study", "--quick", "--runs", str(tmp_path),

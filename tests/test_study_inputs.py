@@ -18,7 +18,7 @@ from tests.helpers import IN_AND_OUT_OF_PROCESS, REPO, run_in_process, run_modul
 pytest.importorskip("matplotlib")
 
 RESULTS = REPO / "tests" / "fixtures" / "study" / "results.json"
-STUDY = ["--quick", "--arms", "random", "--seeds", "1"]  # the smallest study
+STUDY = ["--quick", "--recipes", "random", "--seeds", "1"]  # the smallest study
 
 
 def _study(run, *flags: str):
@@ -90,12 +90,12 @@ HOSTILE_RESULTS = {
     "a run of a seed missing": (
         _set((2,), DELETE),
         ": the runs of random-15 have the seeds [1], not those of random ([0, 1]); the report "
-        "compares every arm seed by seed",
+        "compares every recipe seed by seed",
     ),
     "an empty validation curve": (
         _set((2, "curve"), []),
         ": the runs of random-15 have an empty 'curve' or curves at other steps than one "
-        "another's; every seed of an arm validates at the same steps",
+        "another's; every seed of a recipe validates at the same steps",
     ),
 }
 
@@ -146,7 +146,7 @@ def test_a_folder_under_a_file_is_refused_before_anything(tmp_path, flag):
     done = _study(run_module, "--quick", "--report_only",
                   *(str(part) for pair in folders.items() for part in pair))  # fmt: skip
     assert _refused(done) == (
-        f"advpt: error: {flag} {under} cannot be made: {under.parent} is a file; name a folder"
+        f"advpt: error: {flag} {under} cannot be made: {under.parent} is a file, not a folder"
     )
     assert not (tmp_path / "report").exists()
 
@@ -204,7 +204,7 @@ def test_a_study_never_replaces_a_file_it_did_not_write(tmp_path, no_evaluation_
 # case -> (the files of kept runs, the sentence after "--reuse: <runs>/")
 KEPT_FILES = {
     "a result with a seed as text": (
-        {"random-seed0/result.json": '{"arm": "random", "seed": "0"}'},
+        {"random-seed0/result.json": '{"recipe": "random", "seed": "0"}'},
         "random-seed0/result.json: ['seed'] is '0', not a whole number",
     ),
     "settings that are no object": (

@@ -2,10 +2,11 @@
 ``advpt.study``, apart from the lines that say how and where it was made.
 
 ``tests/fixtures/study/`` holds the results of a quick study (``--quick``; each run's logged
-steps cut to the mask enrichments the report reads, and the alternating arm given an encoder at
+steps cut to the mask enrichments the report reads, and the alternating recipe given an encoder at
 equal compute) and the reports ``scripts/study_masking.py --report_only`` wrote from them before
 the move: ``study.md`` as it is, ``study-costs.md`` from the same results marked as a reused
-study, with ``--costs`` and five arms.
+study, with ``--costs`` and five recipes. Both, and the results, have since said "recipe" where
+they said "arm".
 """
 
 import json
@@ -34,7 +35,7 @@ def _made_alike(report: str) -> str:
     "before, flags, reused",
     [
         ("study.md", [], False),
-        ("study-costs.md", ["--costs", "costs.json", "--arms", "random", "random-15",
+        ("study-costs.md", ["--costs", "costs.json", "--recipes", "random", "random-15",
                             "alternating", "span", "sparse-simultaneous"], True),
     ],
 )  # fmt: skip
@@ -46,7 +47,7 @@ def test_report_only_writes_the_report_of_before_the_move(
     results = json.loads((FIXTURE / "results.json").read_text())
     results[0]["reused"] = reused
     (tmp_path / "results.json").write_text(json.dumps(results))
-    rows = [{"mode": arm, "cost_vs_random": cost} for arm, cost in COSTS.items()]
+    rows = [{"recipe": recipe, "cost_vs_random": cost} for recipe, cost in COSTS.items()]
     (tmp_path / "costs.json").write_text(json.dumps({"rows": rows}))
     monkeypatch.chdir(tmp_path)
     argv = ["--quick", "--report_only", "--runs", ".", "--out", "report", *flags]
@@ -55,3 +56,17 @@ def test_report_only_writes_the_report_of_before_the_move(
     assert report.splitlines()[4].startswith(("    python -m advpt.study --size quick",
                                               "    OMP_NUM_THREADS="))  # fmt: skip
     assert _made_alike(report) == _made_alike((FIXTURE / before).read_text())
+
+
+def test_report_only_reads_results_that_name_the_recipe_arm(tmp_path, monkeypatch):
+    """A ``results.json`` of a study from before its recipes were so named (each row's recipe
+    under the key "arm") makes the same report."""
+    from advpt.study.__main__ import main
+
+    rows = json.loads((FIXTURE / "results.json").read_text())
+    old = [{("arm" if key == "recipe" else key): value for key, value in r.items()} for r in rows]
+    (tmp_path / "results.json").write_text(json.dumps(old))
+    monkeypatch.chdir(tmp_path)
+    assert main(["--quick", "--report_only", "--runs", ".", "--out", "report"]) == 0
+    report = (tmp_path / "report" / "study.md").read_text()
+    assert _made_alike(report) == _made_alike((FIXTURE / "study.md").read_text())

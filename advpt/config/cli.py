@@ -165,12 +165,12 @@ def build_parser(root: type, prog: str | None = None) -> argparse.ArgumentParser
             help="print a DeepSpeed JSON shipped with advpt, to copy and edit, and exit: "
             + ", ".join(ds_configs.specs()),
         )
-    named = getattr(root, "NAMED_SETTINGS", {})
-    if named:
+    recipes = getattr(root, "RECIPES", {})
+    if recipes:
         parser.add_argument(
-            "--setting",
-            choices=list(named),
-            help="start from a named setting (advpt.variants; recommended is the one "
+            "--recipe",
+            choices=list(recipes),
+            help="start from a recipe (advpt.recipes; recommended is the one "
             "docs/study.md's evidence picks): its flags, which a run file and flags override",
         )
     positionals = getattr(root, "POSITIONALS", ())
@@ -245,16 +245,16 @@ def parse(root: type[Root], argv: list[str] | None = None, prog: str | None = No
     parser = build_parser(root, prog)
     args = parser.parse_args(argv)
     config = root()
-    if getattr(args, "setting", None):
-        named = vars(parser.parse_args(root.NAMED_SETTINGS[args.setting]))
+    if getattr(args, "recipe", None):
+        named = vars(parser.parse_args(root.RECIPES[args.recipe]))
         values = {k: v for k, v in named.items() if v is not None and k in _settings(root)}
-        _apply(config, values, f"setting {args.setting}")
+        _apply(config, values, f"recipe {args.recipe}")
     if args.config:
         _apply(config, _read_run_file(args.config), f"run file {args.config}")
     flags = {
         name: value
         for name, value in vars(args).items()
-        if value is not None and name not in ("config", "local_rank", "debug", "setting")
+        if value is not None and name not in ("config", "local_rank", "debug", "recipe")
     }
     _apply(config, flags, "command line")
     config.validate()

@@ -11,7 +11,8 @@ To add a setting, add a documented field to the section it belongs to, and its c
 any, to that section's ``rules``: the flag, its help, the run-file key and the checks follow
 (``advpt.config.cli``). A choice that code implements is declared beside that code (the presets
 of ``advpt.models``, the sampler backends of ``advpt.masking.subset``, ...) and imported here.
-The training variants compared by the benchmark and the study are in ``advpt.variants``.
+The recipes (named training configurations) compared by the benchmark and the study are in
+``advpt.recipes``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from advpt.masking.random import RandomMasking
 from advpt.masking.subset import SamplerBackend
 from advpt.models.encoder import EncoderPreset
 from advpt.models.noiser import NoiserArch, NoiserPreset
-from advpt.variants import VARIANTS
+from advpt.recipes import RECIPES
 
 # The switches that name the built-in masking method (advpt.methods.registry.builtin_name).
 Mode = Literal["adversarial", "random"]
@@ -376,7 +377,7 @@ class RunConfig(Section):
 class TrainConfig(Section):
     """Adversarial (or random) MLM pre-training of a protein encoder."""
 
-    NAMED_SETTINGS: ClassVar[dict[str, list[str]]] = VARIANTS  # --setting NAME
+    RECIPES: ClassVar[dict[str, list[str]]] = RECIPES  # --recipe NAME
 
     method: MethodConfig = field(default_factory=MethodConfig)
     dataset: DataConfig = field(default_factory=DataConfig)

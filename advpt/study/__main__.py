@@ -15,11 +15,11 @@ from advpt.command import Stopped, command, stopping_on_signals
 from advpt.config.cli import parse
 from advpt.data.bundled import BUNDLED_PROTEOME
 from advpt.environment import device_name
-from advpt.errors import ConfigError
+from advpt.outputs import check_folder
 from advpt.study.aggregate import summarize, summarize_downstream
-from advpt.study.arms import ARMS, DEFAULT_ARMS
 from advpt.study.figures import plot_curves, plot_downstream, plot_residues, plot_scores
 from advpt.study.jobs import run_study
+from advpt.study.lineup import DEFAULT_RECIPES, RECIPE_LABELS
 from advpt.study.options import StudyConfig
 from advpt.study.records import RESULTS, Results, read_costs, read_results
 from advpt.study.sizes import SIZES, Size
@@ -27,14 +27,10 @@ from advpt.study.writeup import Occasion, write_report
 
 
 def check_folders(config: StudyConfig) -> None:
-    """A ``ConfigError`` for an ``--out`` or ``--runs`` that cannot be a folder, before any
-    training: the report is written at the end."""
+    """Refuse an ``--out`` or ``--runs`` that cannot be a folder before any training: the
+    report is written at the end."""
     for flag in ("out", "runs"):
-        folder = Path(getattr(config, flag))
-        above = next(p for p in (folder, *folder.absolute().parents) if p.exists())
-        if not above.is_dir():
-            said = "is a file" if above == folder else f"cannot be made: {above} is a file"
-            raise ConfigError(f"--{flag} {folder} {said}; name a folder")
+        check_folder(Path(getattr(config, flag)), f"--{flag}")
 
 
 def command_line(config: StudyConfig, reused: bool) -> str:
@@ -44,14 +40,14 @@ def command_line(config: StudyConfig, reused: bool) -> str:
     line += f" --size {config.size_name()}" if config.size_name() != "cpu" else ""
     for flag in ("seeds", "updates", "jobs"):
         line += f" --{flag} {getattr(config, flag)}" if getattr(config, flag) else ""
-    line += f" --arms {' '.join(config.arms)}" if config.arms != DEFAULT_ARMS else ""
+    line += f" --recipes {' '.join(config.recipes)}" if config.recipes != DEFAULT_RECIPES else ""
     line += f" --costs {Path(config.costs).name}" if config.costs else ""
     line += f" --data {config.data}" if config.data != BUNDLED_PROTEOME else ""
     return line + (" --reuse" if reused else "")
 
 
 def study(
-    config: StudyConfig, arms: list[str], size: Size, costs: dict[str, float] | None
+    config: StudyConfig, recipes: list[str], size: Size, costs: dict[str, float] | None
 ) -> Results:
     """Run the study and save its results for ``--report_only``; on a stop, the finished runs
     are kept for ``--reuse``."""
@@ -60,7 +56,7 @@ def study(
     try:
         with stopping_on_signals():
             unigrams, runs, baselines = run_study(
-                arms, size, runs_dir, config.data, config.reuse, costs
+                recipes, size, runs_dir, config.data, config.reuse, costs
             )
     except Stopped as stop:
         kept = f"the finished runs are kept in {runs_dir}: run the same command with --reuse"
@@ -82,29 +78,29 @@ def main(argv: list[str] | None = None) -> int:
     size = SIZES[config.size_name()]
     size = replace(size, seeds=config.seeds or size.seeds, jobs=config.jobs or size.jobs,
                    encoder_updates=config.updates or size.encoder_updates)  # fmt: skip
-    arms = [a for a in ARMS if a in config.arms]
+    recipes = [a for a in RECIPE_LABELS if a in config.recipes]
     costs_file = Path(config.costs) if config.costs else None
     costs = read_costs(costs_file)
     if config.report_only:
         results = read_results(Path(config.runs) / RESULTS)
-        arms = [a for a in arms if results.of(a)]
+        recipes = [a for a in recipes if results.of(a)]
     else:
-        results = study(config, arms, size, costs)
-    summary = summarize(results, arms, costs)
-    downstream = summarize_downstream(results, arms)
+        results = study(config, recipes, size, costs)
+    summary = summarize(results, recipes, costs)
+    downstream = summarize_downstream(results, recipes)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    plot_scores(summary, arms, out / "study_scores.png")
-    plot_curves(results, summary, arms, out / "study_curves.png")
-    plot_residues(results, arms, out / "study_residues.png")
-    plot_downstream(downstream, arms, out / "study_downstream.png")
+    plot_scores(summary, recipes, out / "study_scores.png")
+    plot_curves(results, summary, recipes, out / "study_curves.png")
+    plot_residues(results, recipes, out / "study_residues.png")
+    plot_downstream(downstream, recipes, out / "study_downstream.png")
     device = (
         device_name()
         + f", {size.jobs} run(s) at a time, {torch.get_num_threads()} torch thread(s) each"
     )
     costs_name = costs_file.name if costs_file else None
     occasion = Occasion(command_line(config, results.reused), device, config.data, costs_name)
-    write_report(out / "study.md", results, summary, downstream, arms, size, occasion)
+    write_report(out / "study.md", results, summary, downstream, recipes, size, occasion)
     print(f"study: wrote {out / 'study.md'} ({results.minutes:.1f} min)")
     return 0
 

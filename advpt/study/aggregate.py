@@ -1,4 +1,4 @@
-"""The study's numbers: every arm's mean ± std over the seeds, at equal updates and at equal
+"""The study's numbers: every recipe's mean ± std over the seeds, at equal updates and at equal
 time, and its differences to the best free heuristic, seed by seed; the same for the
 downstream suite."""
 
@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from advpt.downstream.results import COLUMNS
-from advpt.study.arms import BASELINE, HEURISTICS
+from advpt.study.lineup import BASELINE, HEURISTICS
 from advpt.study.records import Results, Run
 from advpt.study.runs import steps_for_compute
 
@@ -33,19 +33,19 @@ def mean_std(values: list[float]) -> Spread:
 
 def at_time(curve: list[tuple[float, float]], seconds: float) -> float:
     """A validation curve ``[(training seconds, loss)]`` read at ``seconds`` (linear between
-    points; an arm that finished sooner keeps its last loss)."""
+    points; a recipe that finished sooner keeps its last loss)."""
     times, losses = zip(*curve, strict=True)
     return float(np.interp(seconds, times, losses))
 
 
 def equal_compute(run: Run, reference: Run, costs: dict[str, float] | None) -> float:
     """``run``'s validation loss at the training time of random 20% (``reference``, same
-    seed): with ``costs`` (an arm's time per adversarial update over random MLM's, measured
+    seed): with ``costs`` (a recipe's time per adversarial update over random MLM's, measured
     side by side), its curve read at the encoder step that time buys; without, at the
     measured wall time."""
     if costs is None:
         return at_time([(t, loss) for _, t, loss in run.curve], reference.seconds)
-    cost = costs.get(run.arm, 1.0)
+    cost = costs.get(run.recipe, 1.0)
     step = steps_for_compute(reference.encoder_updates, run.warmup_steps, cost)
     return at_time([(s, loss) for s, _, loss in run.curve], step)
 
@@ -70,8 +70,8 @@ class UnigramSummary:
 
 
 @dataclass(frozen=True)
-class ArmSummary:
-    """An arm's held-out numbers; ``*_vs_best``: its losses minus the best free heuristic's,
+class RecipeSummary:
+    """A recipe's held-out numbers; ``*_vs_best``: its losses minus the best free heuristic's,
     seed by seed; ``equal_time_wins``: the seeds in which it is better at equal time."""
 
     random: Spread
@@ -91,11 +91,11 @@ class ArmSummary:
 
 @dataclass(frozen=True)
 class Summary:
-    """Every arm's numbers, the unigram baseline's, the best free heuristic (the lowest loss
+    """Every recipe's numbers, the unigram baseline's, the best free heuristic (the lowest loss
     at equal time) and the number of seeds."""
 
     unigram: UnigramSummary
-    arms: dict[str, ArmSummary]
+    recipes: dict[str, RecipeSummary]
     best: str
     seeds: int
 
@@ -111,42 +111,43 @@ def summarize_unigram(results: Results) -> UnigramSummary:
 
 
 def seed_losses(
-    results: Results, arms: list[str], costs: dict[str, float] | None
+    results: Results, recipes: list[str], costs: dict[str, float] | None
 ) -> dict[str, dict[int, Losses]]:
-    """Per arm, per seed in saved order: its run's three held-out losses."""
+    """Per recipe, per seed in saved order: its run's three held-out losses."""
     reference = {r.seed: r for r in results.of(BASELINE)}
     return {
-        arm: {
+        recipe: {
             r.seed: Losses(r.random.loss, r.hard.loss, equal_compute(r, reference[r.seed], costs))
-            for r in results.of(arm)
+            for r in results.of(recipe)
         }
-        for arm in arms
+        for recipe in recipes
     }
 
 
-def summarize(results: Results, arms: list[str], costs: dict[str, float] | None) -> Summary:
-    """Per arm (and the unigram baseline): (mean, std) over seeds of every reported number, and
-    each arm's losses minus the best free heuristic's (the lowest at equal time), seed by seed."""
+def summarize(results: Results, recipes: list[str], costs: dict[str, float] | None) -> Summary:
+    """Per recipe (and the unigram baseline): (mean, std) over seeds of every reported number,
+    and each recipe's losses minus the best free heuristic's (the lowest at equal time), seed by
+    seed."""
     reference = {r.seed: r for r in results.of(BASELINE)}
-    losses = seed_losses(results, arms, costs)
-    heuristics = [a for a in arms if a in HEURISTICS]
+    losses = seed_losses(results, recipes, costs)
+    heuristics = [a for a in recipes if a in HEURISTICS]
     best = min(heuristics, key=lambda a: mean_std([x.equal_time for x in losses[a].values()])[0])
     summaries = {}
-    for arm in arms:
-        rows = results.of(arm)
+    for recipe in recipes:
+        rows = results.of(recipe)
         differences = [
             Losses(*(mine - theirs for mine, theirs in zip(x, losses[best][seed], strict=True)))
-            for seed, x in losses[arm].items()
+            for seed, x in losses[recipe].items()
         ]
-        summaries[arm] = ArmSummary(
+        summaries[recipe] = RecipeSummary(
             random=mean_std([r.random.loss for r in rows]),
             random_accuracy=mean_std([r.random.accuracy for r in rows]),
             hard=mean_std([r.hard.loss for r in rows]),
             hard_accuracy=mean_std([r.hard.accuracy for r in rows]),
-            equal_time=mean_std([x.equal_time for x in losses[arm].values()]),
+            equal_time=mean_std([x.equal_time for x in losses[recipe].values()]),
             seconds=mean_std([r.seconds for r in rows]),
             time_ratio=mean_std([r.seconds / reference[r.seed].seconds for r in rows]),
-            cost=costs.get(arm, 1.0) if costs else None,
+            cost=costs.get(recipe, 1.0) if costs else None,
             updates=(rows[0].encoder_updates, rows[0].noiser_updates),
             random_vs_best=mean_std([d.random for d in differences]),
             hard_vs_best=mean_std([d.hard for d in differences]),
@@ -157,8 +158,8 @@ def summarize(results: Results, arms: list[str], costs: dict[str, float] | None)
 
 
 @dataclass(frozen=True)
-class SuiteArm:
-    """An arm's scores on one column of the downstream suite (higher is better)."""
+class SuiteRecipe:
+    """A recipe's scores on one column of the downstream suite (higher is better)."""
 
     updates: Spread  # the final encoder
     compute: Spread  # the encoder at equal compute
@@ -169,11 +170,11 @@ class SuiteArm:
 
 @dataclass(frozen=True)
 class SuiteColumn:
-    """One column of the suite: every arm's scores and the best free heuristic at equal
+    """One column of the suite: every recipe's scores and the best free heuristic at equal
     compute."""
 
     column: Column
-    arms: dict[str, SuiteArm]
+    recipes: dict[str, SuiteRecipe]
     best: str
 
 
@@ -191,36 +192,36 @@ def column_value(scores: dict, column: Column) -> float:
     return scores.get(column[0], {}).get(column[1], math.nan)
 
 
-def summarize_column(results: Results, arms: list[str], column: Column) -> SuiteColumn:
-    """Each arm's (mean, std) over seeds at equal updates and at equal compute, the best free
-    heuristic at equal compute, and each arm's scores minus that heuristic's, seed by seed,
+def summarize_column(results: Results, recipes: list[str], column: Column) -> SuiteColumn:
+    """Each recipe's (mean, std) over seeds at equal updates and at equal compute, the best free
+    heuristic at equal compute, and each recipe's scores minus that heuristic's, seed by seed,
     with the seeds it is better in."""
 
     def value(run: Run, at: str) -> float:
         return column_value(run.suite_scores(at), column)
 
-    updates = {arm: mean_std([value(r, "updates") for r in results.of(arm)]) for arm in arms}
-    compute = {arm: mean_std([value(r, "compute") for r in results.of(arm)]) for arm in arms}
-    best = max([a for a in arms if a in HEURISTICS], key=lambda a: compute[a][0])
+    updates = {name: mean_std([value(r, "updates") for r in results.of(name)]) for name in recipes}
+    compute = {name: mean_std([value(r, "compute") for r in results.of(name)]) for name in recipes}
+    best = max([a for a in recipes if a in HEURISTICS], key=lambda a: compute[a][0])
     reference = {r.seed: r for r in results.of(best)}
     scores = {}
-    for arm in arms:
+    for recipe in recipes:
         differences = [
-            value(r, "compute") - value(reference[r.seed], "compute") for r in results.of(arm)
+            value(r, "compute") - value(reference[r.seed], "compute") for r in results.of(recipe)
         ]
         wins = sum(d > 0 for d in differences)
-        scores[arm] = SuiteArm(
-            updates[arm], compute[arm], mean_std(differences), wins, len(differences)
+        scores[recipe] = SuiteRecipe(
+            updates[recipe], compute[recipe], mean_std(differences), wins, len(differences)
         )
     return SuiteColumn(column, scores, best)
 
 
-def summarize_downstream(results: Results, arms: list[str]) -> Downstream:
+def summarize_downstream(results: Results, recipes: list[str]) -> Downstream:
     """Every column of the suite that any final encoder was scored on, summarized."""
     columns = [
         c
         for c in COLUMNS
         if any(not math.isnan(column_value(r.suite_scores("updates"), c)) for r in results.runs)
     ]
-    summaries = [summarize_column(results, arms, c) for c in columns]
+    summaries = [summarize_column(results, recipes, c) for c in columns]
     return Downstream(summaries, results.downstream_baselines)

@@ -17,7 +17,7 @@ from advpt.data.stream import ValidationBatches
 from advpt.methods.registry import build_method
 from advpt.methods.shared import masked_lm
 from advpt.models import build_noiser
-from advpt.study.arms import BASELINE, JUDGE, JUDGE_SEED, SCORE_RATE
+from advpt.study.lineup import BASELINE, JUDGE, JUDGE_SEED, SCORE_RATE
 from advpt.study.records import HARD, RANDOM, Score
 from advpt.study.runs import run_config
 from advpt.study.sizes import Size

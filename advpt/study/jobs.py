@@ -1,5 +1,5 @@
 """The study's work as jobs, ``--jobs`` at a time, each in a process of its own: train every
-(arm, seed) and the judge, score them, and run the downstream suite on every encoder."""
+(recipe, seed) and the judge, score them, and run the downstream suite on every encoder."""
 
 from __future__ import annotations
 
@@ -79,23 +79,23 @@ def workers(jobs: int) -> Iterator[Callable[[list[tuple]], list]]:
 
 
 def train_job(
-    arm: str, seed: int, size: Size, runs: Path, data: str, device: torch.device, cost: float,
+    recipe: str, seed: int, size: Size, runs: Path, data: str, device: torch.device, cost: float,
     reuse: bool,
 ) -> Training:  # fmt: skip
-    """Train ``arm`` with ``seed``; keep its final encoder's weights for scoring (and those at
+    """Train ``recipe`` with ``seed``; keep its final encoder's weights for scoring (and those at
     equal compute, :func:`advpt.study.runs.train`), and what the report needs of the run in its
     ``result.json``, which ``reuse`` takes instead of training again (a study stopped part-way
     loses only the runs under way)."""
-    saved = runs / f"{arm}-seed{seed}" / "result.json"
+    saved = runs / f"{recipe}-seed{seed}" / "result.json"
     if reuse and (kept := read_kept(saved)) is not None:
         return read_training(kept, saved)
-    print(f"study: seed {seed}: training {arm} ...", flush=True)
-    trainer = train(arm, size, runs / f"{arm}-seed{seed}", seed, data, device, cost)
+    print(f"study: seed {seed}: training {recipe} ...", flush=True)
+    trainer = train(recipe, size, runs / f"{recipe}-seed{seed}", seed, data, device, cost)
     torch.save(trainer.encoder.module.state_dict(), trainer.run_dir.root / "encoder.pt")
     metrics = read_rows(trainer.run_dir.root)
-    print(f"study: seed {seed}: {arm}: {trainer.counters.train_seconds:.0f} s", flush=True)
+    print(f"study: seed {seed}: {recipe}: {trainer.counters.train_seconds:.0f} s", flush=True)
     result = Training(
-        arm, seed, trainer.counters.encoder_step, trainer.counters.noiser_step,
+        recipe, seed, trainer.counters.encoder_step, trainer.counters.noiser_step,
         trainer.plan.random_only_steps, equal_compute_step(trainer.config, cost),
         trainer.counters.train_seconds,
         os.getloadavg()[0],  # the machine's, over the run's last minute
@@ -108,13 +108,13 @@ def train_job(
 
 
 def score_job(
-    arm: str, seed: int, size: Size, runs: Path, data: str, device: torch.device
+    recipe: str, seed: int, size: Size, runs: Path, data: str, device: torch.device
 ) -> list[Score]:
-    """The final encoder of ``arm`` and ``seed`` on the seed's held-out tasks: random masking,
+    """The final encoder of ``recipe`` and ``seed`` on the seed's held-out tasks: random masking,
     hard positions."""
     tasks, _ = seed_tasks(seed, size, runs, data, device)
     model = MaskedLanguageModel(ENCODER_PRESETS[size.encoder])
-    model.load_state_dict(torch.load(runs / f"{arm}-seed{seed}" / "encoder.pt"))
+    model.load_state_dict(torch.load(runs / f"{recipe}-seed{seed}" / "encoder.pt"))
     return [score(model.to(device), t, device) for t in tasks]
 
 
@@ -148,17 +148,17 @@ def say(line: str) -> None:
 
 
 def downstream_job(
-    arm: str, seed: int, size: Size, runs: Path, weights: str, device: torch.device, reuse: bool
+    recipe: str, seed: int, size: Size, runs: Path, weights: str, device: torch.device, reuse: bool
 ) -> dict:
-    """The downstream suite's scores of the encoder ``weights`` of ``arm`` and ``seed``, kept
+    """The downstream suite's scores of the encoder ``weights`` of ``recipe`` and ``seed``, kept
     beside them (``reuse`` takes them instead of scoring again)."""
-    saved = runs / f"{arm}-seed{seed}" / f"downstream-{Path(weights).stem}.json"
+    saved = runs / f"{recipe}-seed{seed}" / f"downstream-{Path(weights).stem}.json"
     if reuse and (kept := read_kept(saved)) is not None:
         return kept
     inputs = downstream_inputs(size, runs)
     model = MaskedLanguageModel(ENCODER_PRESETS[size.encoder])
-    model.load_state_dict(torch.load(runs / f"{arm}-seed{seed}" / weights))
-    name = f"{arm}-seed{seed}/{weights}"
+    model.load_state_dict(torch.load(runs / f"{recipe}-seed{seed}" / weights))
+    name = f"{recipe}-seed{seed}/{weights}"
     tokens = inputs.config.tokens_per_batch
     subject = encoder_subject(name, "model", model.to(device).eval(), tokens)
     run_suite([subject], inputs, say)
@@ -187,9 +187,14 @@ def downstream_snapshots(training: Training) -> list[str]:
 
 
 def run_study(
-    arms: list[str], size: Size, runs: Path, data: str, reuse: bool, costs: dict[str, float] | None
+    recipes: list[str],
+    size: Size,
+    runs: Path,
+    data: str,
+    reuse: bool,
+    costs: dict[str, float] | None,
 ) -> tuple[list[Unigram], list[Run], dict]:
-    """Train the judge and every (arm, seed), then score them and each seed's unigram baseline
+    """Train the judge and every (recipe, seed), then score them and each seed's unigram baseline
     on held-out masked tokens, and every encoder, at equal updates and at equal compute, and
     the downstream baselines on the downstream suite: the unigrams, the runs and the
     baselines' suite scores. Nothing is written to ``runs`` before every check has passed: the
@@ -198,7 +203,7 @@ def run_study(
     open_data(DataConfig(data=data))  # prepared once here, before the workers read it
     cost = (costs or {}).get
     if reuse:
-        check_kept_runs(arms, size, runs, data, cost)
+        check_kept_runs(recipes, size, runs, data, cost)
     refuse_foreign_files(runs)
     evaluation = downstream_config(size, runs)
     eval_data.ensure(evaluation.cache, evaluation.data_limit)  # likewise
@@ -207,23 +212,23 @@ def run_study(
     shared, seeds = (size, runs, data, device), range(size.seeds)
     with workers(size.jobs) as run:
         trained = run([(train_judge, *shared, reuse)] + [
-            (train_job, arm, seed, *shared, cost(arm, 1.0), reuse)
-            for seed in seeds for arm in arms
+            (train_job, recipe, seed, *shared, cost(recipe, 1.0), reuse)
+            for seed in seeds for recipe in recipes
         ])[1:]  # fmt: skip
         say("scoring ...")
-        scores = run([(score_job, t.arm, t.seed, *shared) for t in trained])
+        scores = run([(score_job, t.recipe, t.seed, *shared) for t in trained])
         unigrams = run([(unigram_job, seed, *shared) for seed in seeds])
         say("the downstream suite ...")
         snapshots = [(t, name) for t in trained for name in downstream_snapshots(t)]
         downstream = run([(downstream_baselines_job, size, runs, device)] + [
-            (downstream_job, t.arm, t.seed, size, runs, name, device, reuse)
+            (downstream_job, t.recipe, t.seed, size, runs, name, device, reuse)
             for t, name in snapshots
         ])  # fmt: skip
     suites: dict[tuple[str, int], dict] = {}
     for (t, name), scored in zip(snapshots, downstream[1:], strict=True):
-        suites.setdefault((t.arm, t.seed), {})[name] = scored
+        suites.setdefault((t.recipe, t.seed), {})[name] = scored
     scored_runs = [
-        Run(**vars(t), random=random, hard=hard, downstream=suites[t.arm, t.seed])
+        Run(**vars(t), random=random, hard=hard, downstream=suites[t.recipe, t.seed])
         for t, (random, hard) in zip(trained, scores, strict=True)
     ]
     return unigrams, scored_runs, downstream[0]

@@ -8,16 +8,16 @@ from typing import Literal
 
 from advpt.config.section import Section, at_least
 from advpt.data.bundled import BUNDLED_PROTEOME
-from advpt.study.arms import ARMS, BASELINE, DEFAULT_ARMS
+from advpt.study.lineup import BASELINE, DEFAULT_RECIPES, RECIPE_LABELS
 from advpt.study.sizes import SIZES
 
-Arm = Literal[tuple(ARMS)]  # the --arms choices
+Recipe = Literal[tuple(RECIPE_LABELS)]  # the --recipes choices
 SizeName = Literal[tuple(SIZES)]  # the --size choices
 
 
 @dataclass
 class StudyConfig(Section):
-    """Masking study: does adversarial masking pay? Several seeds per arm, at equal updates and
+    """Masking study: does adversarial masking pay? Several seeds per recipe, at equal updates and
     time; writes study.md and its plots (docs/study.md)."""
 
     quick: bool = False
@@ -25,13 +25,13 @@ class StudyConfig(Section):
     size: SizeName = "cpu"
     """Presets and budget: quick (seconds, tests), cpu (about 30 minutes), gpu (larger runs)."""
     seeds: int | None = None
-    """Seeds per arm; unset is the size's."""
+    """Seeds per recipe; unset is the size's."""
     updates: int | None = None
     """Encoder updates of every run; unset is the size's."""
     jobs: int | None = None
     """Runs at a time; unset is the size's."""
-    arms: list[Arm] = field(default_factory=lambda: list(DEFAULT_ARMS))
-    """The arms to compare; random (the equal-wall-time reference) among them."""
+    recipes: list[Recipe] = field(default_factory=lambda: list(DEFAULT_RECIPES))
+    """The recipes to compare; random (the equal-wall-time reference) among them."""
     data: str = BUNDLED_PROTEOME
     """Training data (advpt train --data)."""
     out: str = "docs"
@@ -39,7 +39,7 @@ class StudyConfig(Section):
     runs: str = "runs/study"
     """Run directories."""
     costs: str = ""
-    """bench_throughput.py --json of the arms: equal time by measured cost per update; empty
+    """bench_throughput.py --json of the recipes: equal time by measured cost per update; empty
     compares at equal updates and wall time only."""
     report_only: bool = False
     """Rewrite the report from --runs/results.json."""
@@ -56,7 +56,7 @@ class StudyConfig(Section):
             at_least("updates", self.updates, 1),
             at_least("jobs", self.jobs, 1),
             (
-                BASELINE in self.arms,
-                f"--arms must include {BASELINE} (the equal-wall-time reference)",
+                BASELINE in self.recipes,
+                f"--recipes must include {BASELINE} (the equal-wall-time reference)",
             ),
         ]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from advpt.errors import ConfigError, DataError, shorten
-from advpt.study.arms import BASELINE
+from advpt.study.lineup import BASELINE
 
 RANDOM, HARD = "random masking", "hard positions"  # the held-out tasks, as results.json names them
 EQUAL_COMPUTE_WEIGHTS = "encoder-equal-compute.pt"  # beside encoder.pt (the final encoder)
@@ -45,7 +45,7 @@ class Score:
 class Training:
     """What a finished run recorded, kept as its ``result.json`` for ``--reuse``."""
 
-    arm: str
+    recipe: str
     seed: int
     encoder_updates: int
     noiser_updates: int
@@ -62,7 +62,7 @@ class Training:
 
 @dataclass(frozen=True)
 class Run(Training):
-    """A trained (arm, seed), scored: its held-out scores and, per weights file of it
+    """A trained (recipe, seed), scored: its held-out scores and, per weights file of it
     (``encoder.pt``, :data:`EQUAL_COMPUTE_WEIGHTS`), the downstream suite's scores."""
 
     random: Score = field(metadata={KEY: RANDOM})
@@ -93,7 +93,7 @@ class Unigram:
 
     def to_json(self) -> dict:
         scores = {RANDOM: self.random.to_json(), HARD: self.hard.to_json()}
-        return {"arm": "unigram", "seed": self.seed, **scores, "validation": self.validation}
+        return {"recipe": "unigram", "seed": self.seed, **scores, "validation": self.validation}
 
 
 @dataclass(frozen=True)
@@ -115,9 +115,9 @@ class Results:
         default_factory=dict, metadata={KEY: "downstream baselines"}
     )
 
-    def of(self, arm: str) -> list[Run]:
-        """The runs of ``arm``, in the order they were saved."""
-        return [r for r in self.runs if r.arm == arm]
+    def of(self, recipe: str) -> list[Run]:
+        """The runs of ``recipe``, in the order they were saved."""
+        return [r for r in self.runs if r.recipe == recipe]
 
     def save(self, path: Path) -> None:
         rows = [u.to_json() for u in self.unigrams] + [r.to_json() for r in self.runs]
@@ -139,10 +139,11 @@ def read_results(path: Path) -> Results:
     unfinished = DataError(f"--report_only: {path} holds no finished runs of a study; run it first")
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
         raise unfinished
-    if "minutes" not in rows[0] or not any(r.get("arm") == BASELINE for r in rows):
+    rows = [with_recipe(r) for r in rows]
+    if "minutes" not in rows[0] or not any(r.get("recipe") == BASELINE for r in rows):
         raise unfinished
     where = f"--report_only: {path}"
-    read = [read_json(Unigram if r.get("arm") == "unigram" else Run, r, where, f"[{i}]")
+    read = [read_json(Unigram if r.get("recipe") == "unigram" else Run, r, where, f"[{i}]")
             for i, r in enumerate(rows)]  # fmt: skip
     unigrams, runs = ([r for r in read if isinstance(r, kind)] for kind in (Unigram, Run))
     refuse_unpaired(runs, where)
@@ -150,22 +151,22 @@ def read_results(path: Path) -> Results:
 
 
 def refuse_unpaired(runs: list[Run], where: str) -> None:
-    """A ``DataError`` where ``runs`` cannot be compared as the report compares them: an arm
+    """A ``DataError`` where ``runs`` cannot be compared as the report compares them: a recipe
     trained with other seeds than random 20%, or whose runs' validation curves are empty or at
     other steps than one another's."""
-    seeds = sorted(r.seed for r in runs if r.arm == BASELINE)
-    for arm in dict.fromkeys(r.arm for r in runs):
-        of = [r for r in runs if r.arm == arm]
+    seeds = sorted(r.seed for r in runs if r.recipe == BASELINE)
+    for recipe in dict.fromkeys(r.recipe for r in runs):
+        of = [r for r in runs if r.recipe == recipe]
         if sorted(r.seed for r in of) != seeds:
             raise DataError(
-                f"{where}: the runs of {arm} have the seeds {sorted(r.seed for r in of)}, not "
-                f"those of {BASELINE} ({seeds}); the report compares every arm seed by seed"
+                f"{where}: the runs of {recipe} have the seeds {sorted(r.seed for r in of)}, not "
+                f"those of {BASELINE} ({seeds}); the report compares every recipe seed by seed"
             )
         steps = {tuple(step for step, _, _ in r.curve) for r in of}
         if len(steps) > 1 or not steps.pop():
             raise DataError(
-                f"{where}: the runs of {arm} have an empty 'curve' or curves at other steps than "
-                "one another's; every seed of an arm validates at the same steps"
+                f"{where}: the runs of {recipe} have an empty 'curve' or curves at other steps "
+                "than one another's; every seed of a recipe validates at the same steps"
             )
 
 
@@ -225,19 +226,28 @@ def read_kept(path: Path) -> dict | None:
     """What a stopped study kept in ``path``, or None where it is missing or was cut short (a
     stop while it was written): that run is done again."""
     try:
-        return json.loads(path.read_text())
+        return with_recipe(json.loads(path.read_text()))
     except (OSError, ValueError):
         return None
 
 
+def with_recipe(row: object) -> object:
+    """A row that a study saved, with today's key for its recipe: studies before the recipes
+    were so named (issue 57) wrote it as "arm" in ``results.json`` and each run's
+    ``result.json``, which still read."""
+    if isinstance(row, dict) and "arm" in row:
+        return {("recipe" if key == "arm" else key): value for key, value in row.items()}
+    return row
+
+
 def read_costs(path: Path | None) -> dict[str, float] | None:
-    """Arm -> ``cost_vs_random`` from a ``scripts/bench_throughput.py --json`` file; a
+    """Recipe -> ``cost_vs_random`` from a ``scripts/bench_throughput.py --json`` file; a
     ``ConfigError`` naming the file when it is no such file."""
     if path is None:
         return None
     try:
         rows = json.loads(path.read_text())["rows"]
-        return {r["mode"]: float(r["cost_vs_random"]) for r in rows if r.get("cost_vs_random")}
+        return {r["recipe"]: float(r["cost_vs_random"]) for r in rows if r.get("cost_vs_random")}
     except OSError as err:
         raise ConfigError(f"--costs {path} cannot be read: {err.strerror}") from None
     except (ValueError, KeyError, TypeError, AttributeError):

@@ -1,5 +1,5 @@
 """A study's training runs: their configuration, their settings (what ``--reuse`` compares),
-the judge, and the update at which a dearer arm has spent what random MLM spends."""
+the judge, and the update at which a dearer recipe has spent what random MLM spends."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from advpt.config.pretrain import DataConfig, TrainConfig
 from advpt.errors import ConfigError, DataError
 from advpt.methods.registry import build_method
 from advpt.outputs import write_atomically
-from advpt.study.arms import JUDGE, JUDGE_SEED, SCORE_RATE
+from advpt.recipes import RECIPES
+from advpt.study.lineup import JUDGE, JUDGE_SEED, SCORE_RATE
 from advpt.study.records import (
     EQUAL_COMPUTE_WEIGHTS,
     RESULTS,
@@ -28,7 +29,6 @@ from advpt.training.assembly import build_trainer, open_data
 from advpt.training.engines.engine import simple_ds_config
 from advpt.training.plan import encoder_config
 from advpt.training.trainer import Trainer
-from advpt.variants import VARIANTS
 
 SETTINGS = "settings.json"  # in a finished run's directory: what --reuse compares
 # What does not change what a run trains: where it is written, how it is stopped and resumed.
@@ -87,16 +87,16 @@ def holds_results(path: Path) -> bool:
 
 
 def run_config(
-    variant: str, size: Size, run_dir: Path, seed: int, data: str, extra: tuple[str, ...] = ()
+    recipe: str, size: Size, run_dir: Path, seed: int, data: str, extra: tuple[str, ...] = ()
 ) -> TrainConfig:
-    """The run of ``variant`` with ``seed``; a prepared corpus with a ``clusters.tsv`` (the
+    """The run of ``recipe`` with ``seed``; a prepared corpus with a ``clusters.tsv`` (the
     Swiss-Prot corpus, ``python -m advpt.data.swissprot``) is split by its clusters."""
     clusters = Path(data) / "clusters.tsv"
     encoder_json, noiser_json = deepspeed_jsons(run_dir.parent)
     n = size.encoder_updates
     return parse(TrainConfig, [
         "--noiser_steps", str(size.cycle), "--encoder_steps", str(size.cycle),
-        *VARIANTS[variant],  # after the cycle: a variant's own ratio wins
+        *RECIPES[recipe],  # after the cycle: a recipe's own ratio wins
         "--deepspeed_config", str(encoder_json), "--noiser_deepspeed_config", str(noiser_json),
         "--data", data, "--encoder", size.encoder, "--noiser", size.noiser,
         "--max_length", str(size.max_length), "--max_steps", str(n),
@@ -119,7 +119,7 @@ def val_fraction(data: str) -> float:
 
 
 def train(
-    variant: str,
+    recipe: str,
     size: Size,
     run_dir: Path,
     seed: int,
@@ -127,24 +127,22 @@ def train(
     device: torch.device,
     cost: float = 1.0,
 ) -> Trainer:
-    """Train ``variant`` on ``device``; where its ``cost`` per update exceeds random MLM's, the
+    """Train ``recipe`` on ``device``; where its ``cost`` per update exceeds random MLM's, the
     encoder at the update random MLM's budget buys is kept as ``encoder-equal-compute.pt`` on
     the way: the run stops there and resumes (the library's exact resume), so both come from
     one run."""
-    config = run_config(variant, size, run_dir, seed, data)
+    config = run_config(recipe, size, run_dir, seed, data)
     shutil.rmtree(run_dir, ignore_errors=True)
     snapshot = equal_compute_step(config, cost)
     if snapshot < config.optim.max_steps:
-        first = run_config(
-            variant, size, run_dir, seed, data, ("--stop_after_steps", str(snapshot))
-        )
+        first = run_config(recipe, size, run_dir, seed, data, ("--stop_after_steps", str(snapshot)))
         trainer = build_trainer(first, device)
         trainer.train()
         torch.save(trainer.encoder.module.state_dict(), run_dir / EQUAL_COMPUTE_WEIGHTS)
-        config = run_config(variant, size, run_dir, seed, data, ("--resume", "true"))
+        config = run_config(recipe, size, run_dir, seed, data, ("--resume", "true"))
     trainer = build_trainer(config, device)
     trainer.train()
-    settings = run_settings(variant, size, run_dir, seed, data, cost)
+    settings = run_settings(recipe, size, run_dir, seed, data, cost)
     (run_dir / SETTINGS).write_text(json.dumps(settings))
     return trainer
 
@@ -159,11 +157,11 @@ def train_judge(size: Size, runs: Path, data: str, device: torch.device, reuse: 
 
 
 def run_settings(
-    variant: str, size: Size, run_dir: Path, seed: int, data: str, cost: float
+    recipe: str, size: Size, run_dir: Path, seed: int, data: str, cost: float
 ) -> dict[str, object]:
     """A run's settings by name: its training flags but :data:`NOT_SETTINGS`, the DeepSpeed
     configs' micro-batch and learning rates, and the update of its equal-compute encoder."""
-    config = run_config(variant, size, run_dir, seed, data)
+    config = run_config(recipe, size, run_dir, seed, data)
     settings = {}
     for name, value in config.to_dict().items():
         settings.update(value if isinstance(value, dict) else {name: value})
@@ -194,25 +192,25 @@ def refuse_other_settings(run_dir: Path, settings: dict[str, object]) -> None:
         )
 
 
-def check_kept_runs(arms: list[str], size: Size, runs: Path, data: str, cost) -> None:
+def check_kept_runs(recipes: list[str], size: Size, runs: Path, data: str, cost) -> None:
     """Before any training: the runs a stopped study finished, which ``--reuse`` keeps, must
-    have been trained with this study's settings (``cost``: an arm's measured cost per update,
+    have been trained with this study's settings (``cost``: a recipe's measured cost per update,
     or its default), and their records must read as a study writes them."""
     judge = runs / "judge"
     if (judge / "noiser.pt").exists():
         refuse_other_settings(judge, run_settings(JUDGE, size, judge, JUDGE_SEED, data, 1.0))
     for seed in range(size.seeds):
-        for arm in arms:
-            run_dir = runs / f"{arm}-seed{seed}"
+        for recipe in recipes:
+            run_dir = runs / f"{recipe}-seed{seed}"
             if (kept := read_kept(run_dir / "result.json")) is not None:
                 read_training(kept, run_dir / "result.json")
-                settings = run_settings(arm, size, run_dir, seed, data, cost(arm, 1.0))
+                settings = run_settings(recipe, size, run_dir, seed, data, cost(recipe, 1.0))
                 refuse_other_settings(run_dir, settings)
 
 
 def equal_compute_step(config: TrainConfig, cost: float) -> int:
     """The encoder update at which a run of ``config`` has spent what random MLM spends on all
-    of its updates, at ``cost`` per adversarial update (random-only warm-up steps cost 1); an arm
+    of its updates, at ``cost`` per adversarial update (random-only warm-up steps cost 1); a recipe
     no dearer than random MLM is charged its full run (it is not trained longer)."""
     n = config.optim.max_steps
     if cost <= 1.0:
@@ -223,6 +221,6 @@ def equal_compute_step(config: TrainConfig, cost: float) -> int:
 
 
 def steps_for_compute(budget: float, warmup: int, cost: float) -> float:
-    """Encoder steps an arm trains in ``budget`` random-MLM updates' time: its random-only
+    """Encoder steps a recipe trains in ``budget`` random-MLM updates' time: its random-only
     warm-up's ``warmup`` steps cost one each, its adversarial steps ``cost`` each."""
     return budget if budget <= warmup else warmup + (budget - warmup) / cost

@@ -15,7 +15,7 @@ from advpt.data.bundled import BUNDLED_PROTEOME
 from advpt.downstream.suite import LOCAL_CONTEXT, LOCAL_WINDOW
 from advpt.markdown import number_cell, table
 from advpt.study.aggregate import Downstream, Spread, Summary, column_value
-from advpt.study.arms import ARMS, BASELINE, HEURISTICS, JUDGE_SEED, SCORE_RATE, named
+from advpt.study.lineup import BASELINE, HEURISTICS, JUDGE_SEED, RECIPE_LABELS, SCORE_RATE, named
 from advpt.study.records import Results
 from advpt.study.sizes import Size
 
@@ -49,35 +49,35 @@ def write_report(
     results: Results,
     summary: Summary,
     downstream: Downstream,
-    arms: list[str],
+    recipes: list[str],
     size: Size,
     occasion: Occasion,
 ) -> None:
     """Write the report to ``path``; the plots it shows lie beside it."""
-    answers = [*verdict(summary, arms), downstream_verdict(downstream, arms)]
+    answers = [*verdict(summary, recipes), downstream_verdict(downstream, recipes)]
     parts = [
-        header(results, summary, arms, size, occasion),
+        header(results, summary, recipes, size, occasion),
         "\n".join(answers),
         setting(size, occasion.data),
         method(size, occasion.costs),
-        held_out_table(summary, arms),
-        paired_table(summary, arms),
+        held_out_table(summary, recipes),
+        paired_table(summary, recipes),
         FIGURES,
-        downstream_section(downstream, arms, size),
+        downstream_section(downstream, recipes, size),
     ]
     path.write_text("\n\n".join(parts))
 
 
 def header(
-    results: Results, summary: Summary, arms: list[str], size: Size, occasion: Occasion
+    results: Results, summary: Summary, recipes: list[str], size: Size, occasion: Occasion
 ) -> str:
     """The title, the command that made the report, how long it took and the machine's load."""
     took = f"It took {results.minutes:.1f} minutes"
     if results.reused:  # the runs an earlier invocation trained are not in this one's minutes
         took += " to train what an earlier, stopped study had not finished and score everything"
-        trained = sum(summary.arms[arm].seconds[0] for arm in arms) * size.seeds / 60
+        trained = sum(summary.recipes[recipe].seconds[0] for recipe in recipes) * size.seeds / 60
         took += (
-            f"; the {len(arms) * size.seeds} runs' training alone, over every invocation, took "
+            f"; the {len(recipes) * size.seeds} runs' training alone, over every invocation, took "
             f"{trained:.0f} minutes of run time ({size.jobs} at a time), validation and saves "
             "excluded"
         )
@@ -94,10 +94,10 @@ of the runs: where it exceeds the {size.jobs} run(s) at a time, other work share
 inflated those runs' wall times."""
 
 
-def verdict(summary: Summary, arms: list[str]) -> list[str]:
+def verdict(summary: Summary, recipes: list[str]) -> list[str]:
     """The study's answers in sentences: does random MLM use context, and does any
-    adversarial arm beat the best free heuristic at equal time."""
-    u, r = summary.unigram, summary.arms[BASELINE]
+    adversarial recipe beat the best free heuristic at equal time."""
+    u, r = summary.unigram, summary.recipes[BASELINE]
     times, gap = r.random_accuracy[0] / u.random_accuracy[0], u.random[0] - r.random[0]
     met = times >= CONTEXT_GOAL[0] and gap >= CONTEXT_GOAL[1]
     lines = [
@@ -107,18 +107,19 @@ def verdict(summary: Summary, arms: list[str]) -> list[str]:
         f"{'under' if gap >= 0 else 'over'} its loss. The goal was {CONTEXT_GOAL[0]:g}x and "
         f"{CONTEXT_GOAL[1]:g} nats: "
         + ("met." if met else "**not met**: the encoders have only begun to use context, so "
-           "differences between arms are early-training differences (docs/methods.md: what "
+           "differences between recipes are early-training differences (docs/methods.md: what "
            "other settings and twice the updates reach).")
     ]  # fmt: skip
-    adversarial = [a for a in arms if a not in HEURISTICS]
+    adversarial = [a for a in recipes if a not in HEURISTICS]
     if not adversarial:
         return lines
-    top = min(adversarial, key=lambda a: summary.arms[a].equal_time_vs_best[0])
-    s = summary.arms[top]
+    top = min(adversarial, key=lambda a: summary.recipes[a].equal_time_vs_best[0])
+    s = summary.recipes[top]
     difference = s.equal_time_vs_best
     lines.append(
         f"- **Does adversarial masking pay?** The best free heuristic at equal time is "
-        f"{ARMS[summary.best]}. The best adversarial arm there, {ARMS[top]}, is "
+        f"{RECIPE_LABELS[summary.best]}. The best adversarial recipe there, "
+        f"{RECIPE_LABELS[top]}, is "
         f"{cell(difference)} nats {'under' if difference[0] < 0 else 'over'} it (seed by seed), "
         f"better in {s.equal_time_wins} of {summary.seeds} seeds; at equal updates "
         f"{cell(s.random_vs_best)}, on the judge's hard positions {cell(s.hard_vs_best)}."
@@ -126,27 +127,27 @@ def verdict(summary: Summary, arms: list[str]) -> list[str]:
     return lines
 
 
-def downstream_verdict(downstream: Downstream, arms: list[str]) -> str:
-    """Where an adversarial arm beats the best free heuristic at equal compute: a higher mean,
+def downstream_verdict(downstream: Downstream, recipes: list[str]) -> str:
+    """Where an adversarial recipe beats the best free heuristic at equal compute: a higher mean,
     better in every seed; or the plain statement that none does."""
-    adversarial = [a for a in arms if a not in HEURISTICS]
+    adversarial = [a for a in recipes if a not in HEURISTICS]
     wins = []
     for column in downstream.columns:
-        for arm in adversarial:
-            s = column.arms[arm]
+        for recipe in adversarial:
+            s = column.recipes[recipe]
             if s.vs_best[0] > 0 and s.wins == s.seeds:
-                wins.append(f"{ARMS[arm]} on {column.column[2]} ({cell(s.vs_best)} over "
-                            f"{ARMS[column.best]})")  # fmt: skip
+                wins.append(f"{RECIPE_LABELS[recipe]} on {column.column[2]} "
+                            f"({cell(s.vs_best)} over {RECIPE_LABELS[column.best]})")  # fmt: skip
     pairs = len(adversarial) * len(downstream.columns)
-    seeds = downstream.columns[0].arms[arms[0]].seeds
+    seeds = downstream.columns[0].recipes[recipes[0]].seeds
     chance = (
-        f" With {seeds} seeds an arm no better than the heuristic is better in every seed with "
-        f"probability 1/{2**seeds}: about {pairs / 2**seeds:.1f} of these {pairs} arm-task "
+        f" With {seeds} seeds a recipe no better than the heuristic is better in every seed with "
+        f"probability 1/{2**seeds}: about {pairs / 2**seeds:.1f} of these {pairs} recipe-task "
         "pairs by chance alone."
     )
     if not wins:
         return (
-            "- **Does adversarial masking pay downstream?** No adversarial arm beats the best "
+            "- **Does adversarial masking pay downstream?** No adversarial recipe beats the best "
             "free heuristic at equal compute on any task of the suite (a higher mean and better "
             "in every seed)." + chance
         )
@@ -166,9 +167,9 @@ def setting(size: Size, data: str) -> str:
 noiser lr {size.noiser_lr:g}, warmup 10% then linear decay to {MIN_LR:g} x the peak; no batch
 growth; {size.encoder_updates} encoder updates per run, so an encoder sees at most
 {tokens:,} tokens (updates x micro-batch x crop); the paper's alternating cycles of
-{size.cycle} + {size.cycle} optimizer steps unless an arm sets its own; seeds
-{", ".join(str(s) for s in range(size.seeds))} for every arm (a seed fixes the initial weights,
-the data order and the train/held-out split, so arms are paired within a seed). Every number is
+{size.cycle} + {size.cycle} optimizer steps unless a recipe sets its own; seeds
+{", ".join(str(s) for s in range(size.seeds))} for every recipe (a seed fixes the initial weights,
+the data order and the train/held-out split, so recipes are paired within a seed). Every number is
 the mean ± standard deviation over the seeds."""
 
 
@@ -197,37 +198,37 @@ def equal_time_method(size: Size, costs: str | None) -> str:
     """How the equal-time column is read: at measured costs per update (``costs``, the
     ``--costs`` file's name), or at the runs' own wall times."""
     if costs:
-        return f"""- **random masking, equal time**: each arm's loss after the training
-  time of the random 20% arm of its seed, with each arm's time per encoder update over random
+        return f"""- **random masking, equal time**: each recipe's loss after the training
+  time of the random 20% run of its seed, with each recipe's time per encoder update over random
   MLM's measured side by side, in rounds, by `scripts/bench_throughput.py`
-  (`{costs}`, the cost column; an arm's random-only warm-up steps cost what random
+  (`{costs}`, the cost column; a recipe's random-only warm-up steps cost what random
   MLM's do): its validation curve ({size.evaluations} passes over the held-out sample,
   {SCORE_RATE:.0%} random masking, one draw) read at the encoder step that time buys, by linear
-  interpolation between passes; an arm that finishes sooner keeps its final loss. The runs' own
+  interpolation between passes; a recipe that finishes sooner keeps its final loss. The runs' own
   wall times are not used: other work shared the machine. This column comes from the
-  single-draw validation pass, so compare it across arms, not with the equal-updates column;"""
-    return f"""- **random masking, equal wall time**: each arm's loss at the training
-  wall time the random 20% arm of its seed took (validation passes and saves excluded), read
+  single-draw validation pass, so compare it across recipes, not with the equal-updates column;"""
+    return f"""- **random masking, equal wall time**: each recipe's loss at the training
+  wall time the random 20% run of its seed took (validation passes and saves excluded), read
   off its validation curve ({size.evaluations} passes over the held-out sample,
-  {SCORE_RATE:.0%} random masking, one draw), by linear interpolation between passes; an arm
+  {SCORE_RATE:.0%} random masking, one draw), by linear interpolation between passes; a recipe
   that finished sooner keeps its final loss. This column comes from the single-draw validation
-  pass, so compare it across arms, not with the equal-updates column;"""
+  pass, so compare it across recipes, not with the equal-updates column;"""
 
 
-def held_out_table(summary: Summary, arms: list[str]) -> str:
-    """Every arm's held-out numbers and the unigram baseline's."""
-    costs = summary.arms[arms[0]].cost is not None
+def held_out_table(summary: Summary, recipes: list[str]) -> str:
+    """Every recipe's held-out numbers and the unigram baseline's."""
+    costs = summary.recipes[recipes[0]].cost is not None
     header = [
-        "arm", "updates (enc / noiser)",
+        "recipe", "updates (enc / noiser)",
         "cost per update (x random 20%)" if costs else "time vs random 20%",
         "random masking: loss", "random masking: accuracy", "hard positions: loss",
         "hard positions: accuracy", "random masking at equal time: loss",
     ]  # fmt: skip
     rows = []
-    for arm in arms:
-        s = summary.arms[arm]
+    for recipe in recipes:
+        s = summary.recipes[recipe]
         rows.append([
-            named(arm), f"{s.updates[0]} / {s.updates[1]}",
+            named(recipe), f"{s.updates[0]} / {s.updates[1]}",
             f"{s.cost:.2f}" if costs else cell(s.time_ratio, 2), cell(s.random),
             cell(s.random_accuracy), cell(s.hard), cell(s.hard_accuracy), cell(s.equal_time),
         ])  # fmt: skip
@@ -237,39 +238,39 @@ def held_out_table(summary: Summary, arms: list[str]) -> str:
     return table(header, rows, numbers_from=1)
 
 
-def paired_table(summary: Summary, arms: list[str]) -> str:
-    """Every arm's losses minus the best free heuristic's, seed by seed."""
+def paired_table(summary: Summary, recipes: list[str]) -> str:
+    """Every recipe's losses minus the best free heuristic's, seed by seed."""
     rows = [
-        [ARMS[arm], cell(s.random_vs_best), cell(s.hard_vs_best), cell(s.equal_time_vs_best),
-         f"{s.equal_time_wins} of {summary.seeds}"]
-        for arm, s in summary.arms.items()
-        if arm != summary.best
+        [RECIPE_LABELS[recipe], cell(s.random_vs_best), cell(s.hard_vs_best),
+         cell(s.equal_time_vs_best), f"{s.equal_time_wins} of {summary.seeds}"]
+        for recipe, s in summary.recipes.items()
+        if recipe != summary.best
     ]  # fmt: skip
-    header = ["arm", "random masking", "hard positions", "random masking at equal time",
+    header = ["recipe", "random masking", "hard positions", "random masking at equal time",
               "better at equal time"]  # fmt: skip
-    return f"""The same losses minus the best free heuristic's ({ARMS[summary.best]}: the lowest at equal time), seed by
-seed (negative: better than it), mean ± std over the seeds, and the seeds in which the arm is
+    return f"""The same losses minus the best free heuristic's ({RECIPE_LABELS[summary.best]}: the lowest at equal time), seed by
+seed (negative: better than it), mean ± std over the seeds, and the seeds in which the recipe is
 better at equal time:
 
 {table(header, rows, numbers_from=1)}"""  # noqa: E501
 
 
-FIGURES = """![held-out loss per arm, mean ± std over seeds](study_scores.png)
+FIGURES = """![held-out loss per recipe, mean ± std over seeds](study_scores.png)
 
 ![validation loss during training against updates and time, mean ± std](study_curves.png)
 
 ![residue mask enrichment of each noiser, mean ± std over seeds](study_residues.png)"""
 
 
-def suite_table(downstream: Downstream, rows: list[list[str]], first: str = "arm") -> str:
+def suite_table(downstream: Downstream, rows: list[list[str]], first: str = "recipe") -> str:
     """``rows`` under the suite's columns, one per task."""
     return table([first, *(c.column[2] for c in downstream.columns)], rows, numbers_from=1)
 
 
-def suite_rows(downstream: Downstream, arms: list[str], at: str) -> list[list[str]]:
-    """Every arm's suite scores at ``updates`` or at ``compute``, a column per task."""
-    return [[named(arm), *(cell(getattr(c.arms[arm], at)) for c in downstream.columns)]
-            for arm in arms]  # fmt: skip
+def suite_rows(downstream: Downstream, recipes: list[str], at: str) -> list[list[str]]:
+    """Every recipe's suite scores at ``updates`` or at ``compute``, a column per task."""
+    return [[named(recipe), *(cell(getattr(c.recipes[recipe], at)) for c in downstream.columns)]
+            for recipe in recipes]  # fmt: skip
 
 
 BASELINE_NAMES = {LOCAL_CONTEXT: f"{LOCAL_CONTEXT}: one-hot ±{LOCAL_WINDOW} window; residue pairs"}
@@ -286,12 +287,13 @@ def baseline_rows(downstream: Downstream) -> list[list[str]]:
     return [*rows, ["the paper's Table 2 (fine-tuned on TAPE; for scale only)", *paper]]
 
 
-def difference_rows(downstream: Downstream, arms: list[str]) -> list[list[str]]:
-    """Each arm's suite scores minus the column's best free heuristic's, with its wins."""
+def difference_rows(downstream: Downstream, recipes: list[str]) -> list[list[str]]:
+    """Each recipe's suite scores minus the column's best free heuristic's, with its wins."""
     return [
-        [ARMS[arm], *(f"{cell(c.arms[arm].vs_best)} ({c.arms[arm].wins}/{c.arms[arm].seeds})"
-                      for c in downstream.columns)]
-        for arm in arms
+        [RECIPE_LABELS[recipe], *(f"{cell(c.recipes[recipe].vs_best)} "
+                                  f"({c.recipes[recipe].wins}/{c.recipes[recipe].seeds})"
+                                  for c in downstream.columns)]
+        for recipe in recipes
     ]  # fmt: skip
 
 
@@ -307,18 +309,18 @@ nearby (dash-dotted in the figure below).
 """
 
 
-def downstream_section(downstream: Downstream, arms: list[str], size: Size) -> str:
+def downstream_section(downstream: Downstream, recipes: list[str], size: Size) -> str:
     """The report's downstream tables: scores at equal compute and at equal updates, the
     baselines, the paper's Table 2 for scale, the differences to the best heuristic."""
-    best = ", ".join(f"{c.column[2]}: {ARMS[c.best]}" for c in downstream.columns)
+    best = ", ".join(f"{c.column[2]}: {RECIPE_LABELS[c.best]}" for c in downstream.columns)
     flags = " ".join(size.downstream)
     labelled = parse(EvaluateConfig, ["-", *size.downstream]).fitness_train
-    at_compute = suite_rows(downstream, arms, "compute") + baseline_rows(downstream)
-    at_updates = suite_rows(downstream, arms, "updates")
-    differences = difference_rows(downstream, arms)
+    at_compute = suite_rows(downstream, recipes, "compute") + baseline_rows(downstream)
+    at_updates = suite_rows(downstream, recipes, "updates")
+    differences = difference_rows(downstream, recipes)
     return f"""## Downstream: the suite of docs/evaluate.md
 
-Every final encoder, and for each arm dearer than random MLM also its encoder at equal compute
+Every final encoder, and for each recipe dearer than random MLM also its encoder at equal compute
 (the update at which it has spent what random 20% spends on all of its updates, kept on the way
 by one stop and exact resume), frozen and scored by `python -m advpt.evaluate` with
 `{flags}`: secondary structure (per-residue logistic probes, Q3 and Q8 accuracy), zero-shot
@@ -334,10 +336,10 @@ At equal updates:
 
 {suite_table(downstream, at_updates)}
 
-Each arm minus the best free heuristic of the column at equal compute ({best}), seed by seed
+Each recipe minus the best free heuristic of the column at equal compute ({best}), seed by seed
 (positive: better than it), mean ± std and the seeds it is better in:
 
-{suite_table(downstream, differences, "arm (vs best heuristic)")}
+{suite_table(downstream, differences, "recipe (vs best heuristic)")}
 
 ![downstream scores at equal compute, mean ± std over seeds; dashed: context-free, dotted:
 random encoder](study_downstream.png)

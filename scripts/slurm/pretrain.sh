@@ -36,7 +36,7 @@ trap 'echo "advpt: time limit near: asking every task to save a checkpoint and s
 srun --kill-on-bad-exit=1 python -m advpt.train \
     --deepspeed_config gpu-bf16 --noiser_deepspeed_config gpu \
     --data "$DATA" --run_dir "$RUN_DIR" \
-    --setting recommended \
+    --recipe recommended \
     --resume "$@" &
 step=$!
 

@@ -1,6 +1,7 @@
-"""The training variants that the throughput benchmark and the masking study compare.
+"""The recipes: named training configurations, which the throughput benchmark and the masking
+study compare.
 
-Each is a list of flags added to a run's own (``parse(TrainConfig, [*VARIANTS[name], ...])``).
+Each is a list of flags added to a run's own (``parse(TrainConfig, [*RECIPES[name], ...])``).
 ``alternating`` is the paper's method, ``random`` its baseline (20% random masking, the paper's
 total); ``random-15`` is BERT's 15%, ``random-40`` the higher rate Wettig et al. (2023) found
 better, ``span`` SpanBERT's contiguous spans at the paper's 20%: the free heuristics. The others
@@ -14,8 +15,8 @@ the noiser, 40% in all).
 ``conv-noiser``, ``transformer-noiser`` and ``noiser-1-in-4`` are the levers of those on their
 own, each one change of the paper's setting, for the benchmark.
 
-``recommended`` is the setting the README and the quickstart recommend, chosen by the study
-(``docs/study.md``); the benchmark, the study, the quickstart and ``--setting recommended`` name
+``recommended`` is the recipe the README and the quickstart recommend, chosen by the study
+(``docs/study.md``); the benchmark, the study, the quickstart and ``--recipe recommended`` name
 it through this entry.
 """
 
@@ -31,7 +32,7 @@ CONTEXT_WARMUP = [
 ]
 CHEAP_NOISER = [*CONTEXT_WARMUP, "--noiser_arch", "conv"]
 
-VARIANTS: dict[str, list[str]] = {
+RECIPES: dict[str, list[str]] = {
     "random": ["--mode", "random"],
     "random-15": ["--mode", "random", "--random_rate", "0.15", "--adversarial_rate", "0"],
     "random-40": ["--mode", "random", "--random_rate", "0.4", "--adversarial_rate", "0"],
@@ -60,6 +61,6 @@ VARIANTS: dict[str, list[str]] = {
     "noiser-1-in-4": ["--mode", "adversarial", "--noiser_steps", "1", "--encoder_steps", "4"],
 }
 # The study (docs/study.md, 2026-11-26, Swiss-Prot, judged downstream at equal compute): no
-# adversarial setting beat the free heuristics on any task by more than chance; random 40% had
+# adversarial recipe beat the free heuristics on any task by more than chance; random 40% had
 # the lowest held-out loss, within noise of 15%, 20% and spans downstream.
-VARIANTS["recommended"] = VARIANTS["random-40"]
+RECIPES["recommended"] = RECIPES["random-40"]
