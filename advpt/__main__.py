@@ -76,12 +76,12 @@ COMMANDS = {
         "the masking study: every recipe over seeds, written up as study.md",
     ),
     "prepare": Command(
-        "advpt.data.prepare",
+        "advpt.prepare",
         "advpt.config.tools:PrepareConfig",
         "prepare FASTA, TAPE LMDB/JSON or Parquet inputs into a dataset for --data",
     ),
     "swissprot": Command(
-        "advpt.data.swissprot",
+        "advpt.swissprot",
         "advpt.config.tools:SwissprotConfig",
         "prepare Swiss-Prot (metastudent-data) as a corpus, with its clusters",
     ),

@@ -1,7 +1,7 @@
 """How every command ends: one sentence for what went wrong, one exit code for each outcome.
 
 Each entry point (``advpt.train``, ``advpt.finetune``, ``advpt.export``, ``advpt.report``,
-``advpt.data.prepare`` and the scripts that read user input) is a ``main(argv) -> int``
+``advpt.prepare`` and the scripts that read user input) is a ``main(argv) -> int``
 decorated with :func:`command`, which turns advpt's errors (``advpt.errors``) into
 ``advpt: error: <sentence>`` on standard error and the exit code of their kind::
 

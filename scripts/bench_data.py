@@ -7,7 +7,7 @@ Writes a synthetic UniProt-like FASTA of ``--size_gb`` (realistic TrEMBL headers
 lines, log-normal lengths with median 300, amino acids at their UniProt background frequencies)
 into ``--workdir``, then measures, on this machine:
 
-* ``prepare``: ``python -m advpt.data.prepare``'s throughput in MB of FASTA per second, on one
+* ``prepare``: ``python -m advpt.prepare``'s throughput in MB of FASTA per second, on one
   worker process (per core) and on one per core;
 * ``open``: opening the prepared dataset, and that plus building a rank's stream (held-out split,
   bucketed batches) up to its first micro-batch;

@@ -34,7 +34,7 @@ from tests.helpers import (
     tiny_run_args,
 )
 
-PREPARE = "advpt.data.prepare"
+PREPARE = "advpt.prepare"
 RECORDS = "".join(f">r{i}\nMKTAYIAKQRQISFVKSHFSRQ\n" for i in range(60))
 
 

@@ -1,7 +1,7 @@
 """Library code never imports a command: imports flow from the commands into the library.
 
 A command is a module under ``advpt/`` that defines a top-level ``main()`` (``advpt.train``,
-``advpt.data.prepare``, the dispatcher ``advpt.__main__``, ...), or any module of a package
+``advpt.prepare``, the dispatcher ``advpt.__main__``, ...), or any module of a package
 below ``advpt`` whose ``__main__`` does (``advpt.study.jobs``), but for that package's
 ``__init__``, which the library may import (``advpt.environment``: the report, whose
 ``__main__`` prints it). Commands may import each other; no other module may import one.
@@ -57,7 +57,7 @@ def test_no_library_module_imports_a_command():
         for name, tree in modules.items()
         if _defines_main(tree) or any(name.startswith(f"{p}.") for p in packages)
     }
-    assert {"advpt.train", "advpt.data.prepare", "advpt.study.jobs"} <= commands
+    assert {"advpt.train", "advpt.prepare", "advpt.study.jobs"} <= commands
     assert "advpt.environment.__main__" in commands and "advpt.environment" not in commands
     assert "advpt.__main__" in commands and "advpt.inference" not in commands
     wrong = sorted(

@@ -21,11 +21,11 @@ from advpt.config.pretrain import TrainConfig
 from advpt.data.cache import locate, open_data
 from advpt.data.dataset import CroppedView
 from advpt.data.ingest import prepare
-from advpt.data.prepare import main
 from advpt.data.residue_store import FILES, ProteinDataset
 from advpt.data.sampling import AllRecords
 from advpt.data.stream import MicroBatches
 from advpt.errors import DataError
+from advpt.prepare import main
 from advpt.tokenizer import ESM, TAPE
 from advpt.training.assembly import build_data
 from tests.test_data import tape_records, write_tape_lmdb

@@ -1,4 +1,4 @@
-"""Swiss-Prot from metastudent-data as a corpus (``advpt.data.swissprot``) and as localisation
+"""Swiss-Prot from metastudent-data as a corpus (``advpt.swissprot``) and as localisation
 labels (``advpt.downstream.localisation``), on the installed files and on damaged copies."""
 
 import os
@@ -27,7 +27,6 @@ from advpt.data.metastudent import (
     export_fasta,
     read_proteins,
 )
-from advpt.data.swissprot import main
 from advpt.downstream.localisation import (
     ANNOTATIONS,
     CLOSURE,
@@ -38,6 +37,7 @@ from advpt.downstream.localisation import (
     read_localisation,
 )
 from advpt.errors import DataError
+from advpt.swissprot import main
 from advpt.tokenizer import IUPAC_LETTERS
 from tests.helpers import REPO, child_env
 
@@ -239,7 +239,7 @@ def test_an_out_it_may_not_write_is_one_sentence_before_any_work(tmp_path):
     for out, why in ((locked / "new" / "corpus", f"{locked} is not writable"),
                      (file / "corpus", f"{file} is not a folder")):  # fmt: skip
         done = subprocess.run(
-            [*bound, sys.executable, "-m", "advpt.data.swissprot", "--out", str(out)],
+            [*bound, sys.executable, "-m", "advpt.swissprot", "--out", str(out)],
             cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert done.returncode == 2, done.stderr[-3000:]

@@ -86,7 +86,7 @@ class DataConfig(Section):
     """Where sequences come from and how they are cut into micro-batches."""
 
     data: str = BUNDLED_PROTEOME
-    """A prepared dataset (python -m advpt.data.prepare), or raw inputs prepared once into
+    """A prepared dataset (python -m advpt.prepare), or raw inputs prepared once into
     data_cache: FASTA (plain or .gz), TAPE LMDB or JSON, Parquet with a sequence column, a folder
     or a glob of them; the default is the bundled proteome."""
     data_cache: str = ""

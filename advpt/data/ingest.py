@@ -1,5 +1,5 @@
 """Preparing inputs once into a memory-mapped dataset (see ``residue_store.py`` for the format):
-the one pass that :func:`prepare` makes, which ``python -m advpt.data.prepare`` runs and raw
+the one pass that :func:`prepare` makes, which ``python -m advpt.prepare`` runs and raw
 ``--data`` inputs are prepared with (``advpt.data.cache``).
 
 An input is a FASTA file (plain or ``.gz``), a TAPE LMDB or JSON file, a Parquet file with a

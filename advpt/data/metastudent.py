@@ -1,5 +1,5 @@
 """Swiss-Prot (UniProtKB/Swiss-Prot, January 2014) as a pre-training corpus: read, made
-distinct and clustered here; ``python -m advpt.data.swissprot`` is the command.
+distinct and clustered here; ``python -m advpt.swissprot`` is the command.
 
 The data: Debian's ``metastudent-data`` (the training set of the GO term predictor Metastudent,
 Rostlab) installs Swiss-Prot's proteins that have GO annotations, as three BLAST version 4
@@ -18,7 +18,7 @@ The corpus is the union of the three ontologies' proteins: 516,371 accessions (8
 repeat an accession of an earlier ontology), of which 81,312 repeat an earlier protein's exact
 sequence and are left out, so 435,059 proteins of 165,223,205 residues (the longest 35,213), in
 a fixed order: the BPO database's, then the proteins new in CCO, then those new in MFO. Record
-names are accessions. It is prepared (:mod:`advpt.data.prepare`) into ``--out``, with
+names are accessions. It is prepared (:mod:`advpt.prepare`) into ``--out``, with
 ``clusters.tsv`` beside the dataset's files: ``accession<TAB>cluster`` for ``--clusters``, from
 MMseqs2 ``easy-linclust`` at 50% identity over 80% of both sequences (like UniRef50), each
 cluster named by its first member's accession; advpt's held-out split takes whole clusters.

@@ -1,6 +1,6 @@
 """The prepared dataset: every residue in one flat file, indexed by memory maps, opened at once.
 
-A prepared dataset is a directory (written by ``python -m advpt.data.prepare``, see
+A prepared dataset is a directory (written by ``python -m advpt.prepare``, see
 ``prepare.py``)::
 
     manifest.json       format version, encoding, counts, sources, options, file sizes

@@ -1,7 +1,7 @@
 """Subcellular localisation: one compartment per Swiss-Prot protein, from its GO terms.
 
 The data: the cellular-component (CCO) part of Debian's ``metastudent-data`` (see
-:mod:`advpt.data.swissprot`, and its licences: GPL-2+, UniProt's CC BY): 392,822 Swiss-Prot
+:mod:`advpt.swissprot`, and its licences: GPL-2+, UniProt's CC BY): 392,822 Swiss-Prot
 proteins of January 2014, their sequences in the CCO BLAST database and their GO terms in
 ``CCO/goasp_annot.dat`` (accession, then the terms, tab-separated, one protein a line, in
 database order; many are electronic annotations, so these are silver labels).

@@ -90,7 +90,7 @@ def run_config(
     recipe: str, size: Size, run_dir: Path, seed: int, data: str, extra: tuple[str, ...] = ()
 ) -> TrainConfig:
     """The run of ``recipe`` with ``seed``; a prepared corpus with a ``clusters.tsv`` (the
-    Swiss-Prot corpus, ``python -m advpt.data.swissprot``) is split by its clusters."""
+    Swiss-Prot corpus, ``python -m advpt.swissprot``) is split by its clusters."""
     clusters = Path(data) / "clusters.tsv"
     encoder_json, noiser_json = deepspeed_jsons(run_dir.parent)
     n = size.encoder_updates

@@ -3,7 +3,7 @@
 # Run by pretrain-1node.sbatch and pretrain-multinode.sbatch (which set the resources); its
 # arguments are more advpt.train flags, e.g. --max_steps 200000 (docs/scaling.md, "On a cluster").
 #
-# DATA (required): a prepared dataset (python -m advpt.data.prepare, best done once on a shared
+# DATA (required): a prepared dataset (python -m advpt.prepare, best done once on a shared
 #   file system) or raw inputs, prepared into ADVPT_DATA_CACHE by one task per node.
 # RUN_DIR (default runs/advpt-$SLURM_JOB_NAME): checkpoints, metrics, TensorBoard logs; on a
 #   file system every node sees.

@@ -4,7 +4,7 @@
     advpt prepare INPUT [INPUT ...] --out DIR [--unknown_to_unk] [--skip_bad_records]
         [--workers N]
 
-(or ``python -m advpt.data.prepare ...``; its settings: ``PrepareConfig``).
+(or ``python -m advpt.prepare ...``; its settings: ``PrepareConfig``).
 """
 
 from __future__ import annotations

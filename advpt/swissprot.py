@@ -3,7 +3,7 @@ corpus with its clusters (:mod:`advpt.data.metastudent` says what and how).
 
     advpt swissprot --out DIR [--data_cache DIR] [--limit N] [--overwrite]
 
-(or ``python -m advpt.data.swissprot ...``; its settings: ``SwissprotConfig``).
+(or ``python -m advpt.swissprot ...``; its settings: ``SwissprotConfig``).
 """
 
 from __future__ import annotations
