@@ -19,7 +19,7 @@ from advpt.__main__ import COMMANDS
 from advpt.__main__ import main as dispatch
 from advpt.config.cli import parse
 from advpt.config.section import Section, field_docs, field_types
-from advpt.config.tools import ExportFormat, ScoreConfig
+from advpt.config.tools import EmbedConfig, ExportFormat, ScoreConfig
 from tests.helpers import REPO, child_env
 
 ADVPT = Path(sys.executable).parent / "advpt"  # where pip installs the console script
@@ -196,3 +196,18 @@ def test_a_run_file_sets_a_required_setting_and_a_shared_section(tmp_path, capsy
         parse(ScoreConfig, flags[1:])  # a positional is the command line's
     assert stop.value.code == 2
     assert capsys.readouterr().err.endswith("error: the following arguments are required: MODEL\n")
+
+
+@pytest.mark.parametrize(
+    ("flags", "per_residue"),
+    [
+        (["--per_residue"], True),
+        (["--per_residue", "false"], False),
+        (["--per_residue", "yes"], True),
+    ],
+)
+def test_a_bare_true_false_flag_before_the_positionals_leaves_them_alone(flags, per_residue):
+    """argparse alone reads ``advpt embed --per_residue MODEL INPUT`` as ``--per_residue MODEL``
+    (not a true/false value: an error); a word that is one stays the flag's value."""
+    config = parse(EmbedConfig, [*flags, "runs/a", "seqs.fasta", "--out", "a.npz"])
+    assert (config.per_residue, config.model, config.input) == (per_residue, "runs/a", "seqs.fasta")

@@ -15,8 +15,11 @@ advpt's commands is built here; the scripts' parsers take :data:`positive` and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
+import io
 import json
+import sys
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,13 +67,44 @@ def _settings(root: type) -> dict[str, _Setting]:
     return out
 
 
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+"""What a true/false flag's value may be (any case); a bare flag is true."""
+
+
 def _parse_bool(text: str) -> bool:
     lowered = text.lower()
-    if lowered in ("1", "true", "yes", "on"):
+    if lowered in TRUE_WORDS:
         return True
-    if lowered in ("0", "false", "no", "off"):
+    if lowered in FALSE_WORDS:
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _parse_args(parser: argparse.ArgumentParser, root: type, argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed, a bare true/false flag before a positional read as bare
+    (:func:`_bare_flags_stay_bare`) where that parses; otherwise as argparse reads it, so that a
+    value that is no true/false word (``--no_plots maybe``) gets argparse's sentence."""
+    bare = _bare_flags_stay_bare(root, argv)
+    if bare != argv and not {"-h", "--help"} & set(argv):
+        with contextlib.suppress(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+            return parser.parse_args(bare)
+    return parser.parse_args(argv)
+
+
+def _bare_flags_stay_bare(root: type, argv: list[str]) -> list[str]:
+    """``argv`` with ``true`` given to each true/false flag of ``root`` written bare before a
+    positional argument (``advpt embed --per_residue MODEL INPUT``), which argparse would
+    otherwise take for the flag's value; a word that is a true/false value stays the flag's."""
+    if not getattr(root, "POSITIONALS", ()):
+        return argv
+    bools = {f"--{s.name}" for s in _settings(root).values() if unwrap_optional(s.kind)[0] is bool}
+    out = []
+    for token, after in zip(argv, [*argv[1:], None], strict=True):
+        out.append(token)
+        positional = after is not None and not after.startswith("-")
+        if token in bools and positional and after.lower() not in TRUE_WORDS + FALSE_WORDS:
+            out.append("true")
+    return out
 
 
 def _whole_number_from(least: int) -> Callable[[str], int]:
@@ -243,7 +277,7 @@ def parse(root: type[Root], argv: list[str] | None = None, prog: str | None = No
     """Defaults of ``root``, then the run file, then the flags; validated. ``prog``: as
     :func:`build_parser`'s."""
     parser = build_parser(root, prog)
-    args = parser.parse_args(argv)
+    args = _parse_args(parser, root, sys.argv[1:] if argv is None else argv)
     config = root()
     if getattr(args, "recipe", None):
         named = vars(parser.parse_args(root.RECIPES[args.recipe]))
