@@ -1,4 +1,4 @@
-"""The downstream suite: ``python -m advpt.evaluate MODEL [MODEL ...] --out DIR``.
+"""The downstream suite: ``advpt evaluate MODEL [MODEL ...] --out DIR``.
 
 Each ``MODEL`` is any directory advpt loads (an advpt run directory or export, a transformers
 ESM-2 directory, a TAPE ``save_pretrained`` directory). Its encoder is frozen and scored on the
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             inputs = Inputs(config, eval_data.ensure(config.cache, config.data_limit, *sources))
             run_suite(subjects, inputs, print)
     header = {
-        "command": "python -m advpt.evaluate " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "advpt evaluate " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": datetime.date.today().isoformat(),
         "seconds": round(time.perf_counter() - start, 1),
         "config": {k: v for k, v in vars(config).items()},

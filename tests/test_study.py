@@ -1,4 +1,4 @@
-"""`python -m advpt.study` at its quick size: every recipe over two seeds, a table, three plots."""
+"""`advpt study` at its quick size: every recipe over two seeds, a table, three plots."""
 
 import json
 import math
@@ -46,7 +46,7 @@ def test_quick_study_stops_keeps_its_runs_and_writes_the_tables_and_plots(tmp_pa
     assert result.returncode == 0, result.stderr[-3000:]
     assert all((runs / name / "result.json").read_text() == text for name, text in kept.items())
     report = (out / "study.md").read_text()
-    assert "python -m advpt.study --size quick --reuse\n" in report
+    assert "advpt study --size quick --reuse\n" in report
     assert "to train what an earlier, stopped study had not finished" in report
     assert "the 14 runs' training alone, over every invocation, took " in report  # 7 recipes x 2
     lines = report.splitlines()

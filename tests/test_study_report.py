@@ -53,7 +53,7 @@ def test_report_only_writes_the_report_of_before_the_move(
     argv = ["--quick", "--report_only", "--runs", ".", "--out", "report", *flags]
     assert main(argv) == 0
     report = (tmp_path / "report" / "study.md").read_text()
-    assert report.splitlines()[4].startswith(("    python -m advpt.study --size quick",
+    assert report.splitlines()[4].startswith(("    advpt study --size quick",
                                               "    OMP_NUM_THREADS="))  # fmt: skip
     assert _made_alike(report) == _made_alike((FIXTURE / before).read_text())
 

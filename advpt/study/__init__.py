@@ -1,8 +1,8 @@
 """Masking study: does adversarial masking pay? Several seeds per recipe, at equal updates and time.
 
-    OMP_NUM_THREADS=1 python -m advpt.study            # small presets, ~30 min on a CPU
-    python -m advpt.study --quick --out /tmp/study     # tiny presets, seconds (tests)
-    python -m advpt.study --size gpu                   # larger runs, for a GPU
+    OMP_NUM_THREADS=1 advpt study            # small presets, ~30 min on a CPU
+    advpt study --quick --out /tmp/study     # tiny presets, seconds (tests)
+    advpt study --size gpu                   # larger runs, for a GPU
 
 Recipes (``advpt.recipes.RECIPES``): random MLM at 15% and at 20%, the paper's setting
 (alternating schedule, 10% random + 10% noiser), and changes of it: the context-only noiser,

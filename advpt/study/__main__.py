@@ -36,7 +36,7 @@ def check_folders(config: StudyConfig) -> None:
 def command_line(config: StudyConfig, reused: bool) -> str:
     """The command that makes the study again, as the report prints it."""
     threads = os.environ.get("OMP_NUM_THREADS")
-    line = (f"OMP_NUM_THREADS={threads} " if threads else "") + "python -m advpt.study"
+    line = (f"OMP_NUM_THREADS={threads} " if threads else "") + "advpt study"
     line += f" --size {config.size_name()}" if config.size_name() != "cpu" else ""
     for flag in ("seeds", "updates", "jobs"):
         line += f" --{flag} {getattr(config, flag)}" if getattr(config, flag) else ""
