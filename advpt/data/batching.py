@@ -69,6 +69,12 @@ class _FixedLengths:
         return self.lengths[items]
 
 
+def _as_lengths(lengths: Lengths | np.ndarray) -> Lengths:
+    """``lengths`` as items with epoch-dependent lengths: an array of token lengths is the same
+    every epoch."""
+    return lengths if hasattr(lengths, "token_lengths") else _FixedLengths(lengths)
+
+
 class LengthBucketedBatches:
     """This rank's micro-batches (arrays of item numbers), epoch by epoch, deterministically.
 
@@ -99,7 +105,7 @@ class LengthBucketedBatches:
     ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
-        self.items = lengths if hasattr(lengths, "token_lengths") else _FixedLengths(lengths)
+        self.items = _as_lengths(lengths)
         self.batch_size = batch_size
         self.rank = rank
         self.world_size = world_size
@@ -263,7 +269,7 @@ class TokenBudgetBatches:
     ):
         if tokens < max_length:
             raise ValueError(f"a budget of {tokens} tokens does not fit a {max_length}-token crop")
-        self.items = lengths if hasattr(lengths, "token_lengths") else _FixedLengths(lengths)
+        self.items = _as_lengths(lengths)
         self.tokens = tokens
         self.max_length = max_length
         self.pack = pack
